@@ -1,0 +1,38 @@
+-- name: ClaimEvent :one
+-- Claims one event for a consumer. No row back means the event was already
+-- processed (or is being processed by a transaction this insert waited for).
+INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
+VALUES (@consumer, @event_id, @event_type, @event_time, @stream_seq)
+ON CONFLICT DO NOTHING
+RETURNING event_id;
+
+-- name: ClaimEvents :many
+-- Claims a batch with one statement. The rows are inserted in event id
+-- order, so two overlapping batches lock keys in the same order and cannot
+-- deadlock; the ids returned are the events that are new.
+INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
+SELECT @consumer::text, e.event_id, e.event_type, e.event_time, e.stream_seq
+FROM (
+    -- Set-returning functions in one select list advance in lockstep.
+    SELECT
+        unnest(@event_ids::uuid[])          AS event_id,
+        unnest(@event_types::text[])        AS event_type,
+        unnest(@event_times::timestamptz[]) AS event_time,
+        unnest(@stream_seqs::bigint[])      AS stream_seq
+) AS e
+ORDER BY e.event_id
+ON CONFLICT DO NOTHING
+RETURNING event_id;
+
+-- name: DeleteProcessedBefore :execrows
+-- Deletes at most @max_rows rows processed before @before; the cleaner loops
+-- until it deletes fewer, so no single statement holds locks for long.
+DELETE FROM processed_events
+WHERE (consumer, event_id) IN (
+    SELECT p.consumer, p.event_id FROM processed_events p
+    WHERE p.processed_at < @before
+    LIMIT @max_rows
+);
+
+-- name: CountProcessed :one
+SELECT count(*) FROM processed_events WHERE consumer = @consumer;

@@ -1,0 +1,90 @@
+package event
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// ErrInvalid is wrapped by every error that says an envelope or a payload is
+// malformed. Such an event can never be processed: consumers terminate it and
+// copy it to the dead-letter stream instead of retrying it.
+var ErrInvalid = errors.New("invalid event")
+
+// Envelope is an event in CloudEvents terms. ID is a UUIDv7 and is the
+// idempotency key of the event everywhere: the NATS Nats-Msg-Id, the outbox
+// row and the consumers' inbox rows.
+type Envelope struct {
+	ID      uuid.UUID
+	Type    Type
+	Source  string // the emitting service, e.g. "order"
+	Subject string // the aggregate the event is about, e.g. the order id
+	Time    time.Time
+	Data    json.RawMessage
+	// TraceParent is the W3C traceparent of the transaction that wrote the
+	// event, carried through the outbox so one trace spans the saga.
+	TraceParent string
+}
+
+// New builds an envelope with a fresh UUIDv7 around payload.
+func New(source string, typ Type, subject string, payload any) (Envelope, error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Envelope{}, fmt.Errorf("new event id: %w", err)
+	}
+	data, err := json.Marshal(payload)
+	if err != nil {
+		return Envelope{}, fmt.Errorf("encode %s payload: %w", typ, err)
+	}
+	env := Envelope{
+		ID:      id,
+		Type:    typ,
+		Source:  source,
+		Subject: subject,
+		Time:    time.Now().UTC(),
+		Data:    data,
+	}
+	return env, env.Validate()
+}
+
+// Validate checks the envelope's required attributes and that its type is known.
+func (e Envelope) Validate() error {
+	switch {
+	case e.ID == uuid.Nil:
+		return fmt.Errorf("%w: missing id", ErrInvalid)
+	case e.Source == "":
+		return fmt.Errorf("%w: %s: missing source", ErrInvalid, e.ID)
+	case e.Subject == "":
+		return fmt.Errorf("%w: %s: missing subject", ErrInvalid, e.ID)
+	case e.Time.IsZero():
+		return fmt.Errorf("%w: %s: missing time", ErrInvalid, e.ID)
+	case len(e.Data) == 0:
+		return fmt.Errorf("%w: %s: missing data", ErrInvalid, e.ID)
+	}
+	if _, err := e.Type.NATSSubject(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Decode unmarshals the payload into v and validates it when v has a
+// Validate method. Every failure wraps ErrInvalid.
+func (e Envelope) Decode(v any) error {
+	dec := json.NewDecoder(bytes.NewReader(e.Data))
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: %s %s: decode payload: %v", ErrInvalid, e.Type, e.ID, err)
+	}
+	if dec.More() {
+		return fmt.Errorf("%w: %s %s: trailing data after payload", ErrInvalid, e.Type, e.ID)
+	}
+	if val, ok := v.(interface{ Validate() error }); ok {
+		if err := val.Validate(); err != nil {
+			return fmt.Errorf("%w: %s %s: %v", ErrInvalid, e.Type, e.ID, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,101 @@
+package event_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/event"
+)
+
+func TestEnvelopeRoundTripsThroughNATSMessage(t *testing.T) {
+	t.Parallel()
+	orderID := uuid.New()
+	payload := event.OrderPlacedV1{
+		Order:      event.Order{OrderID: orderID, CustomerID: "alice"},
+		Lines:      event.Lines{{SKU: "apple", Quantity: 3, UnitPriceCents: 25}},
+		TotalCents: 75,
+	}
+	env, err := event.New("order", event.OrderPlaced, orderID.String(), payload)
+	require.NoError(t, err)
+	env.TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	require.Equal(t, 7, int(env.ID.Version()), "event ids are UUIDv7")
+
+	msg, err := env.Msg()
+	require.NoError(t, err)
+	require.Equal(t, "orders.placed.v1", msg.Subject)
+	require.Equal(t, env.ID.String(), msg.Header.Get(jetstream.MsgIDHeader))
+
+	got, err := event.FromMsg(msg.Header, msg.Data)
+	require.NoError(t, err)
+	require.Equal(t, env.ID, got.ID)
+	require.Equal(t, env.Type, got.Type)
+	require.Equal(t, env.Subject, got.Subject)
+	require.Equal(t, env.TraceParent, got.TraceParent)
+	require.True(t, env.Time.Equal(got.Time))
+
+	var decoded event.OrderPlacedV1
+	require.NoError(t, got.Decode(&decoded))
+	require.Equal(t, payload, decoded)
+}
+
+func TestInvalidEventsWrapErrInvalid(t *testing.T) {
+	t.Parallel()
+	good, err := event.New("order", event.OrderPlaced, "o1", event.OrderPlacedV1{
+		Order:      event.Order{OrderID: uuid.New(), CustomerID: "c"},
+		Lines:      event.Lines{{SKU: "s", Quantity: 1, UnitPriceCents: 1}},
+		TotalCents: 1,
+	})
+	require.NoError(t, err)
+	msg, err := good.Msg()
+	require.NoError(t, err)
+
+	tests := []struct {
+		name   string
+		mutate func(h map[string][]string) []byte
+		decode any
+	}{
+		{"no specversion", func(h map[string][]string) []byte { delete(h, event.HeaderSpecVersion); return msg.Data }, nil},
+		{"bad id", func(h map[string][]string) []byte { h[event.HeaderID] = []string{"x"}; return msg.Data }, nil},
+		{"unknown type", func(h map[string][]string) []byte { h[event.HeaderType] = []string{"nope.v1"}; return msg.Data }, nil},
+		{"bad time", func(h map[string][]string) []byte { h[event.HeaderTime] = []string{"yesterday"}; return msg.Data }, nil},
+		{"empty body", func(map[string][]string) []byte { return nil }, nil},
+		{"malformed json", func(map[string][]string) []byte { return []byte("{") }, &event.OrderPlacedV1{}},
+		{"total mismatch", func(map[string][]string) []byte {
+			return []byte(`{"order_id":"` + uuid.NewString() + `","customer_id":"c","lines":[{"sku":"s","quantity":1,"unit_price_cents":5}],"total_cents":6}`)
+		}, &event.OrderPlacedV1{}},
+		{"zero quantity", func(map[string][]string) []byte {
+			return []byte(`{"order_id":"` + uuid.NewString() + `","customer_id":"c","lines":[{"sku":"s","quantity":0,"unit_price_cents":5}],"total_cents":0}`)
+		}, &event.OrderPlacedV1{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := map[string][]string{}
+			for k, v := range msg.Header {
+				h[k] = v
+			}
+			data := tt.mutate(h)
+			env, err := event.FromMsg(h, data)
+			if tt.decode != nil {
+				require.NoError(t, err)
+				err = env.Decode(tt.decode)
+			}
+			require.True(t, errors.Is(err, event.ErrInvalid), "got %v", err)
+		})
+	}
+}
+
+func TestLinesTotalRefusesOverflow(t *testing.T) {
+	t.Parallel()
+	_, err := event.Lines{{SKU: "a", Quantity: 2, UnitPriceCents: 1 << 62}}.Total()
+	require.Error(t, err)
+	_, err = event.Lines{{SKU: "a", Quantity: 1, UnitPriceCents: 1 << 62}, {SKU: "b", Quantity: 1, UnitPriceCents: 1 << 62}}.Total()
+	require.Error(t, err)
+	total, err := event.Lines{{SKU: "a", Quantity: 3, UnitPriceCents: 7}, {SKU: "b", Quantity: 1, UnitPriceCents: 9}}.Total()
+	require.NoError(t, err)
+	require.Equal(t, int64(30), total)
+}

@@ -1,0 +1,451 @@
+package localpg
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrNotInstalled reports that no PostgreSQL binaries were found.
+var ErrNotInstalled = errors.New("PostgreSQL binaries (initdb, postgres) not found")
+
+const (
+	defaultMaxConnections = 300
+	// readyTimeout bounds start-up, crash recovery after a restart included.
+	readyTimeout = 60 * time.Second
+	// stopTimeout bounds a fast shutdown before the server is killed.
+	stopTimeout = 30 * time.Second
+)
+
+// Config configures a cluster. The zero value is a fast, non-durable cluster
+// in a new temporary directory on a free port.
+type Config struct {
+	// Dir holds the cluster: the data directory "data", the socket directory
+	// "run" and the server log "server.log". A cluster already in Dir is
+	// reused. Empty means a new temporary directory, removed by Stop.
+	Dir string
+	// BinDir holds initdb and postgres. Empty means the directory of initdb
+	// on PATH (symlinks resolved), else the newest /usr/lib/postgresql/*/bin.
+	BinDir string
+	// Port is the TCP port on 127.0.0.1. Zero picks a free one.
+	Port int
+	// Durable keeps PostgreSQL's crash-safety defaults. When false, fsync,
+	// synchronous_commit and full_page_writes are off: fast, and lost on an
+	// operating-system crash.
+	Durable bool
+	// MaxConnections is the server's max_connections; zero means 300.
+	MaxConnections int
+}
+
+// Cluster is a PostgreSQL server started by Start. Its methods are safe for
+// concurrent use.
+type Cluster struct {
+	logger    *slog.Logger
+	binDir    string
+	dir       string
+	removeDir bool
+	logPath   string
+	port      int
+	args      []string            // of the postgres binary
+	cred      *syscall.Credential // nil unless running as root
+
+	mu      sync.Mutex
+	proc    *process // nil while the server is down
+	stopped bool
+}
+
+// process is one run of the postgres binary.
+type process struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited
+	err  error         // exit status; read only after done is closed
+}
+
+// Start initialises a cluster (unless Dir already holds one) and starts its
+// server, returning once the server accepts connections. The caller must
+// call Stop.
+func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Cluster, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	binDir, err := findBinDir(cfg.BinDir)
+	if err != nil {
+		return nil, err
+	}
+	cred, err := serverCredential()
+	if err != nil {
+		return nil, err
+	}
+	port := cfg.Port
+	if port == 0 {
+		if port, err = freePort(); err != nil {
+			return nil, err
+		}
+	}
+
+	dir, removeDir := cfg.Dir, false
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "onceflow-pg-"); err != nil {
+			return nil, fmt.Errorf("create cluster directory: %w", err)
+		}
+		removeDir = true
+	}
+	c := &Cluster{
+		logger:    logger,
+		binDir:    binDir,
+		dir:       dir,
+		removeDir: removeDir,
+		logPath:   filepath.Join(dir, "server.log"),
+		port:      port,
+		cred:      cred,
+	}
+	c.args = c.serverArgs(cfg)
+
+	if err := c.initDir(ctx, cfg.Durable); err != nil {
+		return nil, errors.Join(err, c.cleanup())
+	}
+	if err := c.start(ctx); err != nil {
+		return nil, errors.Join(err, c.cleanup())
+	}
+	return c, nil
+}
+
+// URL is the connection URL of database as the superuser "postgres".
+func (c *Cluster) URL(database string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", c.port, url.PathEscape(database))
+}
+
+// Restart stops the server and starts it again on the same data directory
+// and port, as a database outage would: every connection is broken. It
+// returns once the server accepts connections again.
+func (c *Cluster) Restart(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return errors.New("restart postgres: cluster stopped")
+	}
+	if err := c.stopServer(ctx); err != nil {
+		return fmt.Errorf("restart postgres: %w", err)
+	}
+	if err := c.start(ctx); err != nil {
+		return fmt.Errorf("restart postgres: %w", err)
+	}
+	return nil
+}
+
+// Stop shuts the server down (a fast shutdown: open transactions are rolled
+// back), killing it if it has not exited when ctx ends or after 30 seconds,
+// and removes the cluster directory if Start created it. Calling Stop again
+// does nothing.
+func (c *Cluster) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return nil
+	}
+	c.stopped = true
+	return errors.Join(c.stopServer(ctx), c.cleanup())
+}
+
+func (c *Cluster) serverArgs(cfg Config) []string {
+	args := []string{
+		"-D", c.dataDir(),
+		"-p", strconv.Itoa(c.port),
+		"-c", "listen_addresses=127.0.0.1",
+		"-c", "unix_socket_directories=" + c.socketDir(),
+		"-c", "max_connections=" + strconv.Itoa(cmp.Or(cfg.MaxConnections, defaultMaxConnections)),
+		// Log to stderr, which goes to server.log.
+		"-c", "logging_collector=off",
+	}
+	if !cfg.Durable {
+		args = append(args,
+			"-c", "fsync=off",
+			"-c", "synchronous_commit=off",
+			"-c", "full_page_writes=off",
+		)
+	}
+	return args
+}
+
+func (c *Cluster) dataDir() string   { return filepath.Join(c.dir, "data") }
+func (c *Cluster) socketDir() string { return filepath.Join(c.dir, "run") }
+
+// initDir creates the directories and runs initdb unless the data directory
+// already holds a cluster.
+func (c *Cluster) initDir(ctx context.Context, durable bool) error {
+	var created []string
+	if c.removeDir {
+		created = append(created, c.dir)
+	}
+	for _, dir := range []string{c.dataDir(), c.socketDir()} {
+		if _, err := os.Stat(dir); err == nil {
+			continue
+		}
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("create %s: %w", dir, err)
+		}
+		created = append(created, dir)
+	}
+	if c.cred != nil {
+		for _, dir := range created {
+			if err := os.Chown(dir, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
+				return fmt.Errorf("hand %s to the postgres user: %w", dir, err)
+			}
+		}
+	}
+
+	if _, err := os.Stat(filepath.Join(c.dataDir(), "PG_VERSION")); err == nil {
+		c.logger.InfoContext(ctx, "reusing postgres cluster", "dir", c.dataDir())
+		return nil
+	}
+	args := []string{
+		"-D", c.dataDir(),
+		"--username=postgres",
+		"--auth=trust",
+		"--encoding=UTF8",
+		"--locale=C",
+	}
+	if !durable {
+		args = append(args, "--no-sync")
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(c.binDir, "initdb"), args...)
+	cmd.Dir = c.dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGKILL}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("initdb %s: %w\n%s", c.dataDir(), err, tail(out))
+	}
+	return nil
+}
+
+// start runs the server and waits until it accepts connections. The caller
+// holds c.mu (or has not shared c yet).
+func (c *Cluster) start(ctx context.Context) error {
+	logFile, err := os.OpenFile(c.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("open server log: %w", err)
+	}
+	defer logFile.Close() // the child has its own descriptor
+
+	// Not CommandContext: the server outlives the start-up context.
+	cmd := exec.Command(filepath.Join(c.binDir, "postgres"), c.args...)
+	cmd.Dir = c.dir
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		// Its own process group: a terminal's SIGINT reaches only us, and
+		// Stop can kill the server together with its backends.
+		Setpgid: true,
+		// Die with the parent. The kernel sends it when the thread that
+		// started the child exits; Go does not end threads on its own.
+		Pdeathsig:  syscall.SIGKILL,
+		Credential: c.cred,
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start postgres: %w", err)
+	}
+	p := &process{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+
+	if err := c.waitReady(ctx, p); err != nil {
+		p.kill()
+		<-p.done
+		return err
+	}
+	c.proc = p
+	c.logger.InfoContext(ctx, "postgres started", "url", c.URL("postgres"), "pid", cmd.Process.Pid, "dir", c.dir)
+	return nil
+}
+
+// waitReady polls until the server accepts a connection, exits, or the
+// start-up time is up.
+func (c *Cluster) waitReady(ctx context.Context, p *process) error {
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	ticker := time.NewTicker(50 * time.Millisecond)
+	defer ticker.Stop()
+	for {
+		err := ping(ctx, c.URL("postgres"))
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("postgres exited during start-up (%v); server log %s:\n%s", p.err, c.logPath, c.logTail())
+		case <-ctx.Done():
+			return fmt.Errorf("postgres not accepting connections on port %d: %w (last attempt: %v); server log %s:\n%s",
+				c.port, ctx.Err(), err, c.logPath, c.logTail())
+		case <-ticker.C:
+		}
+	}
+}
+
+func ping(ctx context.Context, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	return conn.Close(ctx)
+}
+
+// stopServer shuts the server down if it runs. The caller holds c.mu.
+func (c *Cluster) stopServer(ctx context.Context) error {
+	p := c.proc
+	if p == nil {
+		return nil
+	}
+	c.proc = nil
+	select {
+	case <-p.done:
+		c.logger.WarnContext(ctx, "postgres had exited", "status", p.err, "log", c.logPath)
+		return nil
+	default:
+	}
+
+	// SIGINT is PostgreSQL's fast shutdown.
+	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("signal postgres: %w", err)
+	}
+	timer := time.NewTimer(stopTimeout)
+	defer timer.Stop()
+	select {
+	case <-p.done:
+		if p.err != nil {
+			return fmt.Errorf("postgres shutdown: %w; server log %s:\n%s", p.err, c.logPath, c.logTail())
+		}
+		c.logger.InfoContext(ctx, "postgres stopped", "port", c.port)
+		return nil
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	p.kill()
+	<-p.done
+	return fmt.Errorf("postgres did not shut down in time and was killed; server log %s:\n%s", c.logPath, c.logTail())
+}
+
+// cleanup removes the cluster directory if Start created it.
+func (c *Cluster) cleanup() error {
+	if !c.removeDir {
+		return nil
+	}
+	if err := os.RemoveAll(c.dir); err != nil {
+		return fmt.Errorf("remove cluster directory: %w", err)
+	}
+	return nil
+}
+
+// kill kills the server's process group: the postmaster and its backends.
+func (p *process) kill() {
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+}
+
+// logTail is the end of the server log, for error messages.
+func (c *Cluster) logTail() string {
+	b, err := os.ReadFile(c.logPath)
+	if err != nil {
+		return fmt.Sprintf("(server log unreadable: %v)", err)
+	}
+	return tail(b)
+}
+
+// tail returns the last lines of out, at most about 4 KiB.
+func tail(out []byte) string {
+	const maxLines, maxBytes = 30, 4096
+	out = bytes.TrimRight(out, "\n")
+	if len(out) > maxBytes {
+		out = out[len(out)-maxBytes:]
+	}
+	lines := bytes.Split(out, []byte("\n"))
+	if len(lines) > maxLines {
+		lines = lines[len(lines)-maxLines:]
+	}
+	return string(bytes.Join(lines, []byte("\n")))
+}
+
+// findBinDir returns the directory holding initdb and postgres.
+func findBinDir(dir string) (string, error) {
+	if dir == "" {
+		var err error
+		if dir, err = defaultBinDir(); err != nil {
+			return "", err
+		}
+	}
+	for _, name := range []string{"initdb", "postgres"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return "", fmt.Errorf("%w: %w", ErrNotInstalled, err)
+		}
+	}
+	return dir, nil
+}
+
+func defaultBinDir() (string, error) {
+	if path, err := exec.LookPath("initdb"); err == nil {
+		// Distributions link initdb into PATH; the server binary sits next
+		// to the real file, of the same version.
+		if real, err := filepath.EvalSymlinks(path); err == nil {
+			path = real
+		}
+		return filepath.Dir(path), nil
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	best, bestVersion := "", -1
+	for _, m := range matches {
+		bin := filepath.Dir(m)
+		version, err := strconv.Atoi(filepath.Base(filepath.Dir(bin)))
+		if err == nil && version > bestVersion {
+			best, bestVersion = bin, version
+		}
+	}
+	if best == "" {
+		return "", fmt.Errorf("%w: initdb is not on PATH and /usr/lib/postgresql/*/bin holds none; install PostgreSQL or set Config.BinDir", ErrNotInstalled)
+	}
+	return best, nil
+}
+
+// serverCredential is who runs initdb and postgres: the caller, unless the
+// caller is root, which PostgreSQL refuses; then the "postgres" OS user.
+func serverCredential() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("running as root, PostgreSQL needs an unprivileged OS user \"postgres\": %w", err)
+	}
+	uid, err := strconv.ParseUint(u.Uid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("uid of user postgres: %w", err)
+	}
+	gid, err := strconv.ParseUint(u.Gid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("gid of user postgres: %w", err)
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pick a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

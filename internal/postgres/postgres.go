@@ -1,0 +1,103 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+
+	"github.com/onceflow/onceflow/db"
+)
+
+// MigrationSet is one independently versioned directory of goose migrations.
+type MigrationSet struct {
+	Name string
+	FS   fs.FS
+}
+
+// Schema is the migration sets of one database, applied in order.
+type Schema []MigrationSet
+
+// Key names the schema, e.g. "platform+payment"; test templates are keyed by it.
+func (s Schema) Key() string {
+	names := make([]string, len(s))
+	for i, set := range s {
+		names[i] = set.Name
+	}
+	return strings.Join(names, "+")
+}
+
+// ServiceSchema is the schema of a service database: the platform set, then
+// the service's own set named after the service. With no service name it is
+// the platform set alone.
+func ServiceSchema(service string) (Schema, error) {
+	names := []string{db.Platform}
+	if service != "" {
+		names = append(names, service)
+	}
+	schema := make(Schema, 0, len(names))
+	for _, name := range names {
+		fsys, err := db.Migrations(name)
+		if err != nil {
+			return nil, err
+		}
+		schema = append(schema, MigrationSet{Name: name, FS: fsys})
+	}
+	return schema, nil
+}
+
+// Connect opens a pool to url and checks that the server answers.
+func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open pool: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("ping %s@%s/%s: %w", cfg.ConnConfig.User, cfg.ConnConfig.Host, cfg.ConnConfig.Database, err)
+	}
+	return pool, nil
+}
+
+// Migrate applies every pending migration of schema to the database of pool.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, schema Schema, logger *slog.Logger) error {
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	defer sqlDB.Close()
+	for _, set := range schema {
+		locker, err := lock.NewPostgresSessionLocker()
+		if err != nil {
+			return fmt.Errorf("migration lock: %w", err)
+		}
+		provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, set.FS,
+			goose.WithTableName("goose_"+set.Name+"_version"),
+			goose.WithSessionLocker(locker),
+			goose.WithDisableGlobalRegistry(true),
+		)
+		if err != nil {
+			return fmt.Errorf("migrations %s: %w", set.Name, err)
+		}
+		results, err := provider.Up(ctx)
+		if err != nil {
+			var partial *goose.PartialError
+			if errors.As(err, &partial) {
+				return fmt.Errorf("migrate %s: %w", set.Name, partial.Err)
+			}
+			return fmt.Errorf("migrate %s: %w", set.Name, err)
+		}
+		for _, r := range results {
+			logger.InfoContext(ctx, "migration applied", "set", set.Name, "version", r.Source.Version, "duration", r.Duration)
+		}
+	}
+	return nil
+}
