@@ -1,0 +1,22 @@
+# The two commands that matter: `make test` (what CI runs) and `make run`.
+GO ?= go
+
+.PHONY: test generate verify-sqlc vet build
+
+## test: every test against real PostgreSQL and NATS JetStream, race detector on
+test:
+	$(GO) test -race ./...
+
+## generate: regenerate the sqlc code after editing db/queries or db/migrations
+generate:
+	$(GO) tool sqlc generate
+
+## verify-sqlc: fail if the committed sqlc code is stale
+verify-sqlc:
+	$(GO) tool sqlc diff
+
+vet:
+	$(GO) vet ./...
+
+build:
+	$(GO) build -o bin/onceflow ./cmd/onceflow

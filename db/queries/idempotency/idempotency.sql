@@ -1,0 +1,30 @@
+-- name: SetLockTimeout :exec
+-- Bounds how long a retry waits for the first request with its key.
+SELECT set_config('lock_timeout', @timeout::text, true);
+
+-- name: ClaimKey :one
+-- Claims the key in the request's transaction. A concurrent request with the
+-- same key waits here until the first commits (then sees the conflict and
+-- replays its response) or rolls back (then claims the key itself).
+INSERT INTO idempotency_keys (scope, key, fingerprint)
+VALUES (@scope, @key, @fingerprint)
+ON CONFLICT DO NOTHING
+RETURNING created_at;
+
+-- name: GetKey :one
+SELECT fingerprint, status_code, response_headers, response_body
+FROM idempotency_keys
+WHERE scope = @scope AND key = @key;
+
+-- name: CompleteKey :exec
+UPDATE idempotency_keys
+SET status_code = @status_code, response_headers = @response_headers, response_body = @response_body, completed_at = now()
+WHERE scope = @scope AND key = @key;
+
+-- name: DeleteKeysBefore :execrows
+DELETE FROM idempotency_keys
+WHERE (scope, key) IN (
+    SELECT k.scope, k.key FROM idempotency_keys k
+    WHERE k.created_at < @before
+    LIMIT @max_rows
+);

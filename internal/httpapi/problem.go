@@ -1,0 +1,84 @@
+package httpapi
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+)
+
+// ContentTypeProblem is the media type of RFC 9457 problem details.
+const ContentTypeProblem = "application/problem+json"
+
+// Problem is an RFC 9457 problem detail, returned as an error by handlers.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+}
+
+func (p *Problem) Error() string { return fmt.Sprintf("%d %s: %s", p.Status, p.Title, p.Detail) }
+
+// NewProblem returns a problem with the standard title of status.
+func NewProblem(status int, format string, args ...any) *Problem {
+	return &Problem{
+		Type:   "about:blank",
+		Title:  http.StatusText(status),
+		Status: status,
+		Detail: fmt.Sprintf(format, args...),
+	}
+}
+
+// BadRequest is a 400 problem: the request is malformed and nothing was written.
+func BadRequest(format string, args ...any) *Problem {
+	return NewProblem(http.StatusBadRequest, format, args...)
+}
+
+// NotFound is a 404 problem.
+func NotFound(format string, args ...any) *Problem {
+	return NewProblem(http.StatusNotFound, format, args...)
+}
+
+// ErrorHandler maps every error a handler returns to a problem response.
+// Problems and echo's own HTTP errors keep their status; anything else is a
+// 500 with no detail, logged here and nowhere else.
+func ErrorHandler(logger *slog.Logger) echo.HTTPErrorHandler {
+	return func(err error, c echo.Context) {
+		if c.Response().Committed {
+			return
+		}
+		p := toProblem(err)
+		if p.Status >= http.StatusInternalServerError {
+			logger.ErrorContext(c.Request().Context(), "request failed",
+				"method", c.Request().Method, "path", c.Path(), "err", err)
+		}
+		c.Response().Header().Set(echo.HeaderContentType, ContentTypeProblem)
+		if c.Request().Method == http.MethodHead {
+			err = c.NoContent(p.Status)
+		} else {
+			err = c.JSON(p.Status, p)
+		}
+		if err != nil {
+			logger.WarnContext(c.Request().Context(), "write problem response", "err", err)
+		}
+	}
+}
+
+func toProblem(err error) *Problem {
+	var p *Problem
+	if errors.As(err, &p) {
+		return p
+	}
+	var he *echo.HTTPError
+	if errors.As(err, &he) {
+		detail := ""
+		if msg, ok := he.Message.(string); ok && msg != http.StatusText(he.Code) {
+			detail = msg
+		}
+		return NewProblem(he.Code, "%s", detail)
+	}
+	return NewProblem(http.StatusInternalServerError, "")
+}

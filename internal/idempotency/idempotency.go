@@ -1,0 +1,193 @@
+package idempotency
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/internal/idempotency/internal/dbsqlc"
+)
+
+var (
+	// ErrMismatch means the key was used before with a different request.
+	ErrMismatch = errors.New("idempotency key reused with a different request")
+	// ErrInFlight means the first request with the key is still running.
+	ErrInFlight = errors.New("a request with this idempotency key is in flight")
+)
+
+// DefaultRetention is how long keys are kept by default.
+const DefaultRetention = 24 * time.Hour
+
+// Request identifies one idempotent request.
+type Request struct {
+	Scope       string // what the key is scoped to, e.g. "POST /orders"
+	Key         string
+	Fingerprint []byte // see Fingerprint
+}
+
+// Response is what is stored and replayed.
+type Response struct {
+	Status int
+	Header map[string]string
+	Body   []byte
+}
+
+// Fingerprint hashes the parts of a request that must match on a retry.
+func Fingerprint(parts ...[]byte) []byte {
+	h := sha256.New()
+	for _, p := range parts {
+		// Length-prefix each part so that ("ab","c") and ("a","bc") differ.
+		fmt.Fprintf(h, "%d:", len(p))
+		h.Write(p)
+	}
+	return h.Sum(nil)
+}
+
+// Store runs idempotent requests against one database.
+type Store struct {
+	pool         *pgxpool.Pool
+	queries      *dbsqlc.Queries
+	waitInFlight time.Duration
+}
+
+// NewStore returns a store. waitInFlight bounds how long a retry waits for
+// the first request with its key before ErrInFlight (default 5s).
+func NewStore(pool *pgxpool.Pool, waitInFlight time.Duration) *Store {
+	return &Store{pool: pool, queries: dbsqlc.New(), waitInFlight: cmp.Or(waitInFlight, 5*time.Second)}
+}
+
+// Do runs fn in a transaction that also claims req's key, and stores fn's
+// response with it. When the key was claimed before, fn does not run: Do
+// returns the stored response and replayed = true, or ErrMismatch when the
+// fingerprints differ, or ErrInFlight when the first request does not finish
+// in time. When fn returns an error, nothing is stored.
+func (s *Store) Do(ctx context.Context, req Request, fn func(ctx context.Context, tx pgx.Tx) (Response, error)) (resp Response, replayed bool, err error) {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := s.queries.SetLockTimeout(ctx, tx, fmt.Sprintf("%dms", s.waitInFlight.Milliseconds())); err != nil {
+			return fmt.Errorf("set lock timeout: %w", err)
+		}
+		_, err := s.queries.ClaimKey(ctx, tx, dbsqlc.ClaimKeyParams{Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint})
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			resp, err = s.stored(ctx, tx, req)
+			replayed = err == nil
+			return err
+		case isLockTimeout(err):
+			return ErrInFlight
+		case err != nil:
+			return fmt.Errorf("claim idempotency key: %w", err)
+		}
+		if resp, err = fn(ctx, tx); err != nil {
+			return err
+		}
+		header, err := json.Marshal(resp.Header)
+		if err != nil {
+			return fmt.Errorf("encode response header: %w", err)
+		}
+		return s.queries.CompleteKey(ctx, tx, dbsqlc.CompleteKeyParams{
+			Scope:           req.Scope,
+			Key:             req.Key,
+			StatusCode:      pgtype.Int4{Int32: int32(resp.Status), Valid: true},
+			ResponseHeaders: header,
+			ResponseBody:    resp.Body,
+		})
+	})
+	if err != nil {
+		return Response{}, false, err
+	}
+	return resp, replayed, nil
+}
+
+func (s *Store) stored(ctx context.Context, tx pgx.Tx, req Request) (Response, error) {
+	row, err := s.queries.GetKey(ctx, tx, dbsqlc.GetKeyParams{Scope: req.Scope, Key: req.Key})
+	if err != nil {
+		return Response{}, fmt.Errorf("read idempotency key: %w", err)
+	}
+	if string(row.Fingerprint) != string(req.Fingerprint) {
+		return Response{}, ErrMismatch
+	}
+	if !row.StatusCode.Valid {
+		// Claimed and committed without a response: cannot happen through Do,
+		// which stores both in one transaction; treat it as still running.
+		return Response{}, ErrInFlight
+	}
+	resp := Response{Status: int(row.StatusCode.Int32), Body: row.ResponseBody}
+	if len(row.ResponseHeaders) > 0 {
+		if err := json.Unmarshal(row.ResponseHeaders, &resp.Header); err != nil {
+			return Response{}, fmt.Errorf("decode stored response header: %w", err)
+		}
+	}
+	return resp, nil
+}
+
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
+}
+
+// Cleaner deletes keys older than the retention period.
+type Cleaner struct {
+	pool      *pgxpool.Pool
+	queries   *dbsqlc.Queries
+	retention time.Duration
+	interval  time.Duration
+	logger    *slog.Logger
+}
+
+// NewCleaner returns a cleaner; zero durations take DefaultRetention and 10 minutes.
+func NewCleaner(pool *pgxpool.Pool, retention, interval time.Duration, logger *slog.Logger) *Cleaner {
+	return &Cleaner{
+		pool:      pool,
+		queries:   dbsqlc.New(),
+		retention: cmp.Or(retention, DefaultRetention),
+		interval:  cmp.Or(interval, 10*time.Minute),
+		logger:    logger,
+	}
+}
+
+// Clean deletes expired keys and returns how many.
+func (c *Cleaner) Clean(ctx context.Context) (int64, error) {
+	const batch = 10_000
+	var total int64
+	for {
+		n, err := c.queries.DeleteKeysBefore(ctx, c.pool, dbsqlc.DeleteKeysBeforeParams{
+			Before:  time.Now().Add(-c.retention),
+			MaxRows: batch,
+		})
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("delete expired idempotency keys: %w", err)
+		}
+		if n < batch {
+			return total, nil
+		}
+	}
+}
+
+// Run cleans every interval until ctx is done.
+func (c *Cleaner) Run(ctx context.Context) error {
+	t := time.NewTicker(c.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if n, err := c.Clean(ctx); err != nil {
+				c.logger.WarnContext(ctx, "idempotency cleaner", "err", err)
+			} else if n > 0 {
+				c.logger.InfoContext(ctx, "idempotency keys expired", "deleted", n)
+			}
+		}
+	}
+}

@@ -1,0 +1,21 @@
+// Package testenv gives tests real servers: a fresh, migrated PostgreSQL
+// database per test and a NATS server with JetStream. It is imported only by
+// _test.go files; a package that uses it runs its tests through Run:
+//
+//	func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+//
+// testenv owns the servers shared by one test binary and their teardown. It
+// decides once per binary where PostgreSQL comes from: the server named by
+// TEST_DATABASE_URL; else a testcontainers postgres when a Docker engine
+// answers; else a local cluster from the PostgreSQL installation (package
+// localpg). NATS likewise: TEST_NATS_URL; else one testcontainers nats for
+// the binary; else an embedded nats-server per test. Tests never skip for
+// want of a server.
+//
+// Guarantees: every NewDatabase call returns its own database, cloned from a
+// template migrated once per schema and binary, and dropped when the test
+// ends. An embedded NATS server belongs to one test; a shared one (URL or
+// container) is held by one test at a time, and its streams are deleted when
+// that test ends, so stream names need not be unique. After the tests pass,
+// Run fails the binary if goroutines leaked.
+package testenv

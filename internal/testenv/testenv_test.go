@@ -1,0 +1,98 @@
+package testenv_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/postgres"
+	"github.com/onceflow/onceflow/internal/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+func platformSchema(t *testing.T) postgres.Schema {
+	t.Helper()
+	schema, err := postgres.ServiceSchema("")
+	require.NoError(t, err)
+	return schema
+}
+
+func TestNewDatabaseGivesDistinctMigratedDatabases(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	schema := platformSchema(t)
+
+	a := testenv.NewDatabase(t, schema)
+	b := testenv.NewDatabase(t, schema)
+	require.NotEqual(t, a.Name, b.Name)
+
+	for _, db := range []*testenv.Database{a, b} {
+		var current string
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT current_database()").Scan(&current))
+		require.Equal(t, db.Name, current)
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM processed_events").Scan(&n))
+		require.Zero(t, n)
+	}
+
+	// A write to one is not seen in the other.
+	_, err := a.Pool.Exec(ctx, `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
+		VALUES ('c', gen_random_uuid(), 't', now(), 1)`)
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, b.Pool.QueryRow(ctx, "SELECT count(*) FROM processed_events").Scan(&n))
+	require.Zero(t, n)
+}
+
+func TestTerminateBackends(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := testenv.NewDatabase(t, platformSchema(t))
+
+	conn, err := db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	require.NoError(t, db.TerminateBackends(ctx))
+	require.Error(t, conn.Ping(ctx), "the held connection is broken")
+
+	// The pool replaces broken connections.
+	require.NoError(t, db.Pool.Ping(ctx))
+}
+
+func TestNewNATS(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	n := testenv.NewNATS(t)
+	js := n.JetStream(t)
+
+	_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "TEST", Subjects: []string{"test.>"}})
+	require.NoError(t, err)
+	ack, err := js.Publish(ctx, "test.one", []byte("hello"), jetstream.WithMsgID("one"))
+	require.NoError(t, err)
+	require.Equal(t, "TEST", ack.Stream)
+	require.EqualValues(t, 1, ack.Sequence)
+}
+
+func TestNATSRestartKeepsStreams(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	n := testenv.NewNATS(t)
+	if !n.Embedded() {
+		t.Skip("the NATS server is shared; Restart needs an embedded one")
+	}
+	js := n.JetStream(t)
+	_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "TEST", Subjects: []string{"test.>"}})
+	require.NoError(t, err)
+	_, err = js.Publish(ctx, "test.one", []byte("hello"))
+	require.NoError(t, err)
+
+	n.Restart(t)
+
+	// The old connection reconnects by itself.
+	stream, err := js.Stream(ctx, "TEST")
+	require.NoError(t, err)
+	require.EqualValues(t, 1, stream.CachedInfo().State.Msgs)
+}
