@@ -22,7 +22,7 @@ import (
 )
 
 // ErrNotInstalled reports that no PostgreSQL binaries were found.
-var ErrNotInstalled = errors.New("PostgreSQL binaries (initdb, postgres) not found")
+var ErrNotInstalled = errors.New("no PostgreSQL binaries (initdb, postgres)")
 
 const (
 	defaultMaxConnections = 300

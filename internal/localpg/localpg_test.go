@@ -1,6 +1,7 @@
 package localpg_test
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"os"
@@ -23,7 +24,10 @@ func TestStartRestartStop(t *testing.T) {
 
 	cluster, err := localpg.Start(ctx, localpg.Config{}, logger)
 	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, cluster.Stop(t.Context())) })
+	t.Cleanup(func() {
+		// Not t.Context: it is canceled before cleanups run, and Stop would kill.
+		require.NoError(t, cluster.Stop(context.Background()))
+	})
 
 	conn, err := pgx.Connect(ctx, cluster.URL("postgres"))
 	require.NoError(t, err)

@@ -34,8 +34,9 @@ type NATS struct {
 
 // NewNATS returns a NATS server with JetStream for the test: its own embedded
 // server, or the binary's shared one, which the test then holds until it ends
-// (one NewNATS per test, or it waits for itself). The shared server's streams
-// are deleted when the test ends.
+// and whose streams are deleted then. Call it once per test, and not in both
+// a test and its subtests: on a shared server the second call would wait for
+// the first to be released.
 func NewNATS(t testing.TB) *NATS {
 	t.Helper()
 	url, err := shared.sharedNATS()
