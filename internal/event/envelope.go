@@ -88,3 +88,14 @@ func (e Envelope) Decode(v any) error {
 	}
 	return nil
 }
+
+// Caused returns a new event that e caused: about the same subject and in the
+// same trace, so that one trace spans the saga.
+func (e Envelope) Caused(source string, typ Type, payload any) (Envelope, error) {
+	next, err := New(source, typ, e.Subject, payload)
+	if err != nil {
+		return Envelope{}, err
+	}
+	next.TraceParent = e.TraceParent
+	return next, nil
+}

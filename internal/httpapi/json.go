@@ -9,6 +9,7 @@ import (
 	"net/http"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/labstack/echo/v4"
 )
 
@@ -62,4 +63,37 @@ func PathUUID(c echo.Context, name string) (uuid.UUID, error) {
 		return uuid.Nil, BadRequest("%s %q is not a UUID", name, c.Param(name))
 	}
 	return id, nil
+}
+
+// maxIDLength bounds free-form identifiers in paths (customer ids, SKUs).
+const maxIDLength = 128
+
+// PathString returns the path parameter name, or a 400 problem when it is
+// empty, too long or not printable ASCII.
+func PathString(c echo.Context, name string) (string, error) {
+	v := c.Param(name)
+	if err := CheckID(name, v); err != nil {
+		return "", err
+	}
+	return v, nil
+}
+
+// CheckID is a 400 problem when an identifier is empty, longer than 128
+// bytes or has characters other than printable ASCII without spaces.
+func CheckID(name, v string) error {
+	if v == "" || len(v) > maxIDLength {
+		return BadRequest("%s must be 1 to %d characters", name, maxIDLength)
+	}
+	for _, r := range v {
+		if r <= ' ' || r > '~' {
+			return BadRequest("%s must be printable ASCII without spaces", name)
+		}
+	}
+	return nil
+}
+
+// IsNumericOverflow reports whether err is PostgreSQL's numeric_value_out_of_range.
+func IsNumericOverflow(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "22003"
 }

@@ -36,3 +36,10 @@ WHERE (consumer, event_id) IN (
 
 -- name: CountProcessed :one
 SELECT count(*) FROM processed_events WHERE consumer = @consumer;
+
+-- name: UnclaimEvent :exec
+-- Releases a claim that ClaimEvents took in this transaction when the
+-- event's handler failed under its savepoint: without it the commit would
+-- record the event as processed and its redelivery would be dropped.
+DELETE FROM processed_events
+WHERE consumer = @consumer AND event_id = @event_id;

@@ -18,7 +18,9 @@ LIMIT @max_rows
 FOR UPDATE SKIP LOCKED;
 
 -- name: MarkSent :exec
-UPDATE outbox SET sent_at = now() WHERE id = ANY(@ids::bigint[]);
+-- clock_timestamp(), not now(): now() is when the claiming transaction began,
+-- before the publish, and the re-drive window is counted from the ack.
+UPDATE outbox SET sent_at = clock_timestamp() WHERE id = ANY(@ids::bigint[]);
 
 -- name: UnsentLag :one
 SELECT
@@ -28,14 +30,19 @@ SELECT
 FROM outbox
 WHERE sent_at IS NULL;
 
--- name: DeleteSentBefore :execrows
+-- name: DeleteSentOlderThan :execrows
+-- Age is measured on the database clock, the clock that wrote sent_at, so
+-- that a skewed application clock cannot shorten the re-drive window. The
+-- outer condition is re-checked on a row that a concurrent Redrive has just
+-- made unsent again, so such a row is kept.
 DELETE FROM outbox
 WHERE id IN (
     SELECT o.id FROM outbox o
-    WHERE o.sent_at < @before::timestamptz
+    WHERE o.sent_at < now() - @retention::interval
     ORDER BY o.id
     LIMIT @max_rows
-);
+)
+AND sent_at < now() - @retention::interval;
 
 -- name: Redrive :execrows
 -- Marks rows sent at or after @since as unsent, so the relay publishes them

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const claimUnsent = `-- name: ClaimUnsent :many
@@ -63,23 +64,28 @@ func (q *Queries) ClaimUnsent(ctx context.Context, db DBTX, maxRows int32) ([]Cl
 	return items, nil
 }
 
-const deleteSentBefore = `-- name: DeleteSentBefore :execrows
+const deleteSentOlderThan = `-- name: DeleteSentOlderThan :execrows
 DELETE FROM outbox
 WHERE id IN (
     SELECT o.id FROM outbox o
-    WHERE o.sent_at < $1::timestamptz
+    WHERE o.sent_at < now() - $1::interval
     ORDER BY o.id
     LIMIT $2
 )
+AND sent_at < now() - $1::interval
 `
 
-type DeleteSentBeforeParams struct {
-	Before  time.Time
-	MaxRows int32
+type DeleteSentOlderThanParams struct {
+	Retention pgtype.Interval
+	MaxRows   int32
 }
 
-func (q *Queries) DeleteSentBefore(ctx context.Context, db DBTX, arg DeleteSentBeforeParams) (int64, error) {
-	result, err := db.Exec(ctx, deleteSentBefore, arg.Before, arg.MaxRows)
+// Age is measured on the database clock, the clock that wrote sent_at, so
+// that a skewed application clock cannot shorten the re-drive window. The
+// outer condition is re-checked on a row that a concurrent Redrive has just
+// made unsent again, so such a row is kept.
+func (q *Queries) DeleteSentOlderThan(ctx context.Context, db DBTX, arg DeleteSentOlderThanParams) (int64, error) {
+	result, err := db.Exec(ctx, deleteSentOlderThan, arg.Retention, arg.MaxRows)
 	if err != nil {
 		return 0, err
 	}
@@ -117,9 +123,11 @@ func (q *Queries) InsertEvent(ctx context.Context, db DBTX, arg InsertEventParam
 }
 
 const markSent = `-- name: MarkSent :exec
-UPDATE outbox SET sent_at = now() WHERE id = ANY($1::bigint[])
+UPDATE outbox SET sent_at = clock_timestamp() WHERE id = ANY($1::bigint[])
 `
 
+// clock_timestamp(), not now(): now() is when the claiming transaction began,
+// before the publish, and the re-drive window is counted from the ack.
 func (q *Queries) MarkSent(ctx context.Context, db DBTX, ids []int64) error {
 	_, err := db.Exec(ctx, markSent, ids)
 	return err

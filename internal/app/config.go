@@ -1,0 +1,50 @@
+package app
+
+import (
+	"net"
+	"time"
+
+	"github.com/onceflow/onceflow/internal/streams"
+)
+
+// Config is what every service reads from its environment. Services embed it
+// in their own Config and parse both with github.com/caarlos0/env.
+type Config struct {
+	DatabaseURL string `env:"DATABASE_URL,required"`
+	NATSURL     string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
+	HTTPAddr    string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8080"`
+
+	// Inbox consumers: messages fetched at once, one transaction per batch
+	// (or per message), concurrent fetch loops per subscription.
+	ConsumerBatchSize int           `env:"CONSUMER_BATCH_SIZE" envDefault:"64"`
+	ConsumerBatched   bool          `env:"CONSUMER_BATCHED" envDefault:"true"`
+	ConsumerWorkers   int           `env:"CONSUMER_WORKERS" envDefault:"1"`
+	InboxRetention    time.Duration `env:"INBOX_RETENTION" envDefault:"168h"`
+
+	OutboxBatchSize    int           `env:"OUTBOX_BATCH_SIZE" envDefault:"256"`
+	OutboxPollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"1s"`
+	// Sent outbox rows are kept this long for `outbox redrive`; it must be at
+	// least the stream duplicate window.
+	OutboxRetention time.Duration `env:"OUTBOX_RETENTION" envDefault:"1h"`
+
+	IdempotencyRetention time.Duration `env:"IDEMPOTENCY_RETENTION" envDefault:"24h"`
+
+	StreamReplicas        int           `env:"STREAM_REPLICAS" envDefault:"1"`
+	StreamMaxAge          time.Duration `env:"STREAM_MAX_AGE" envDefault:"72h"`
+	StreamDuplicateWindow time.Duration `env:"STREAM_DUPLICATE_WINDOW" envDefault:"2m"`
+
+	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
+
+	// HTTPListener, when set (by tests and `onceflow dev`), is served instead
+	// of listening on HTTPAddr.
+	HTTPListener net.Listener `env:"-"`
+}
+
+// Streams is the stream configuration derived from c.
+func (c Config) Streams() streams.Config {
+	return streams.Config{
+		Replicas:        c.StreamReplicas,
+		MaxAge:          c.StreamMaxAge,
+		DuplicateWindow: c.StreamDuplicateWindow,
+	}
+}

@@ -1,0 +1,75 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/labstack/echo/v4"
+
+	"github.com/onceflow/onceflow/internal/idempotency"
+)
+
+// Header names of the Idempotency-Key protocol (IETF httpapi draft).
+const (
+	HeaderIdempotencyKey = "Idempotency-Key"
+	HeaderReplayed       = "Idempotent-Replayed"
+	maxKeyLength         = 255
+)
+
+// Write is a request's database write: it runs in the transaction that also
+// stores the Idempotency-Key, and returns the status and the value to send.
+type Write func(ctx context.Context, tx pgx.Tx) (status int, v any, err error)
+
+// Idempotent runs write under the request's Idempotency-Key and sends its
+// response, or the stored response of an earlier request with the same key
+// (with Idempotent-Replayed: true). body is the request body, already read:
+// it is part of the fingerprint. A missing key is a 400, a key reused with a
+// different request a 422, a key whose first request is still running a 409.
+func Idempotent(c echo.Context, store *idempotency.Store, body []byte, write Write) error {
+	req := c.Request()
+	key := req.Header.Get(HeaderIdempotencyKey)
+	switch {
+	case key == "":
+		return BadRequest("the %s header is required", HeaderIdempotencyKey)
+	case len(key) > maxKeyLength:
+		return BadRequest("the %s header is longer than %d bytes", HeaderIdempotencyKey, maxKeyLength)
+	}
+	resp, replayed, err := store.Do(req.Context(), idempotency.Request{
+		Scope:       req.Method + " " + c.Path(),
+		Key:         key,
+		Fingerprint: idempotency.Fingerprint([]byte(req.Method), []byte(req.URL.Path), body),
+	}, func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
+		status, v, err := write(ctx, tx)
+		if err != nil {
+			return idempotency.Response{}, err
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			return idempotency.Response{}, fmt.Errorf("encode response: %w", err)
+		}
+		return idempotency.Response{
+			Status: status,
+			Header: map[string]string{echo.HeaderContentType: echo.MIMEApplicationJSON},
+			Body:   b,
+		}, nil
+	})
+	switch {
+	case errors.Is(err, idempotency.ErrMismatch):
+		return NewProblem(http.StatusUnprocessableEntity, "the %s was used with a different request", HeaderIdempotencyKey)
+	case errors.Is(err, idempotency.ErrInFlight):
+		return NewProblem(http.StatusConflict, "a request with this %s is still being processed; retry later", HeaderIdempotencyKey)
+	case err != nil:
+		return err
+	}
+	for k, v := range resp.Header {
+		c.Response().Header().Set(k, v)
+	}
+	if replayed {
+		c.Response().Header().Set(HeaderReplayed, "true")
+	}
+	return c.Blob(resp.Status, c.Response().Header().Get(echo.HeaderContentType), resp.Body)
+}

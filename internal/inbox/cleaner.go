@@ -1,0 +1,96 @@
+package inbox
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/internal/inbox/internal/dbsqlc"
+)
+
+const (
+	defaultCleanInterval  = time.Hour
+	defaultCleanBatchSize = 10_000
+)
+
+// CleanerConfig configures a Cleaner. Zero values take the defaults.
+type CleanerConfig struct {
+	// Retention is how long rows are kept (default DefaultRetention). It must
+	// equal the consumers' Config.Retention and exceed the stream's max age
+	// plus the consumers' lag: a redelivery whose row is gone would be
+	// processed again, were it not for the consumers' retention guard.
+	Retention time.Duration
+	// Interval is the time between two cleanings (default 1h).
+	Interval time.Duration
+	// BatchSize is the most rows one statement deletes (default 10000), so
+	// that no statement holds its locks for long.
+	BatchSize int
+}
+
+// Cleaner deletes processed_events rows older than the retention period.
+type Cleaner struct {
+	pool    *pgxpool.Pool
+	cfg     CleanerConfig
+	logger  *slog.Logger
+	queries *dbsqlc.Queries
+}
+
+// NewCleaner returns a Cleaner of the database of pool.
+func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig, logger *slog.Logger) *Cleaner {
+	cfg.Retention = cmp.Or(cfg.Retention, DefaultRetention)
+	cfg.Interval = cmp.Or(cfg.Interval, defaultCleanInterval)
+	cfg.BatchSize = min(cmp.Or(cfg.BatchSize, defaultCleanBatchSize), math.MaxInt32)
+	return &Cleaner{pool: pool, cfg: cfg, logger: logger, queries: dbsqlc.New()}
+}
+
+// Run cleans at once and then every Interval until ctx is done, and returns
+// nil then. A failed cleaning is logged and retried at the next interval.
+func (c *Cleaner) Run(ctx context.Context) error {
+	if c.cfg.Retention <= 0 || c.cfg.Interval <= 0 || c.cfg.BatchSize <= 0 {
+		return fmt.Errorf("inbox cleaner: retention %s, interval %s and batch size %d must be positive",
+			c.cfg.Retention, c.cfg.Interval, c.cfg.BatchSize)
+	}
+	ticker := time.NewTicker(c.cfg.Interval)
+	defer ticker.Stop()
+	for {
+		n, err := c.Clean(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			c.logger.WarnContext(ctx, "inbox cleaning failed", "deleted", n, "err", err)
+		case n > 0:
+			c.logger.InfoContext(ctx, "inbox cleaned", "deleted", n, "retention", c.cfg.Retention)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+	}
+}
+
+// Clean deletes the rows processed more than Retention ago, BatchSize rows
+// per statement, and returns how many it deleted.
+func (c *Cleaner) Clean(ctx context.Context) (int64, error) {
+	before := time.Now().Add(-c.cfg.Retention)
+	var total int64
+	for {
+		n, err := c.queries.DeleteProcessedBefore(ctx, c.pool, dbsqlc.DeleteProcessedBeforeParams{
+			Before:  before,
+			MaxRows: int32(c.cfg.BatchSize),
+		})
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("delete processed events before %s: %w", before.Format(time.RFC3339), err)
+		}
+		if n < int64(c.cfg.BatchSize) {
+			return total, nil
+		}
+	}
+}

@@ -1,0 +1,240 @@
+package inbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/inbox/internal/dbsqlc"
+)
+
+// DefaultRetention is how long processed_events rows are kept by default. It
+// must exceed the longest time after which an event can still be delivered:
+// the stream's max age (72h by default) plus the consumer's lag.
+const DefaultRetention = 7 * 24 * time.Hour
+
+const (
+	defaultBatchSize = 64
+	defaultWorkers   = 1
+	defaultFetchWait = time.Second
+	defaultNakDelay  = time.Second
+
+	// flushTimeout bounds the wait for the server to receive the last acks
+	// when Run stops.
+	flushTimeout = 5 * time.Second
+)
+
+// ErrPermanent is wrapped by errors that no retry can fix. A message whose
+// handler returns one is dead-lettered at once.
+var ErrPermanent = errors.New("permanent failure")
+
+// Permanent marks err as permanent: the message is copied to the DLQ and
+// terminated instead of being retried. Errors wrapping event.ErrInvalid are
+// permanent without it. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrPermanent, err)
+}
+
+func isPermanent(err error) bool {
+	return errors.Is(err, ErrPermanent) || errors.Is(err, event.ErrInvalid)
+}
+
+// Handler applies one event's effect. It runs inside the inbox transaction
+// (in batched mode, under a savepoint of it), after the event was claimed,
+// and must write through tx only; it never commits or rolls back tx itself.
+// An error rolls back its writes; wrap it with Permanent if a retry cannot
+// succeed.
+type Handler func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
+
+// Config configures a Consumer. Zero values take the defaults.
+type Config struct {
+	// Stream and Durable name an existing durable pull consumer with explicit
+	// acks, as streams.Provision creates them. Durable is also the inbox's
+	// consumer key in processed_events and the DLQ subject's last token.
+	Stream  string
+	Durable string
+	// BatchSize is how many messages are fetched at once (default 64).
+	BatchSize int
+	// Batched processes a fetched batch in one transaction instead of one
+	// transaction per message. It is faster under load; under light load a
+	// batch waits up to FetchWait to fill.
+	Batched bool
+	// Workers is the number of concurrent fetch loops (default 1).
+	Workers int
+	// FetchWait is how long a fetch waits for messages (default 1s). It
+	// bounds how long Run takes to stop.
+	FetchWait time.Duration
+	// NakDelay is how long a failed message waits before its redelivery
+	// (default 1s).
+	NakDelay time.Duration
+	// Retention must be the Cleaner's retention (default DefaultRetention).
+	// An older event may have lost its processed_events row, so it is
+	// dead-lettered rather than processed blindly.
+	Retention time.Duration
+}
+
+func (cfg Config) validate() error {
+	switch {
+	case cfg.Stream == "" || cfg.Durable == "":
+		return errors.New("stream and durable are required")
+	case cfg.BatchSize < 1 || cfg.Workers < 1:
+		return fmt.Errorf("batch size %d and workers %d must be positive", cfg.BatchSize, cfg.Workers)
+	case cfg.FetchWait <= 0 || cfg.NakDelay < 0 || cfg.Retention <= 0:
+		return fmt.Errorf("fetch wait %s and retention %s must be positive, nak delay %s not negative",
+			cfg.FetchWait, cfg.Retention, cfg.NakDelay)
+	}
+	return nil
+}
+
+// Stats counts what a Consumer did with the messages it fetched.
+type Stats struct {
+	Processed    int64 // handled and committed
+	Duplicates   int64 // already processed, acked without calling the handler
+	DeadLettered int64 // copied to the DLQ and terminated
+	Retried      int64 // naked for a redelivery
+}
+
+// Consumer runs a Handler for every message of a durable pull consumer,
+// exactly once per event in effect.
+type Consumer struct {
+	pool    *pgxpool.Pool
+	js      jetstream.JetStream
+	cfg     Config
+	handler Handler
+	logger  *slog.Logger
+	queries *dbsqlc.Queries
+
+	// maxDeliver is the consumer's MaxDeliver, read by Run before its workers
+	// start; zero or negative means unlimited.
+	maxDeliver int
+
+	processed    atomic.Int64
+	duplicates   atomic.Int64
+	deadLettered atomic.Int64
+	retried      atomic.Int64
+
+	// skipAck is a test hook, set before Run: when it returns true for a
+	// committed message, the ack is skipped, as a crash between commit and
+	// ack would.
+	skipAck func(event.Envelope) bool
+}
+
+// New returns a Consumer of cfg.Durable that runs h for each event.
+func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, h Handler, logger *slog.Logger) *Consumer {
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, defaultBatchSize)
+	cfg.Workers = cmp.Or(cfg.Workers, defaultWorkers)
+	cfg.FetchWait = cmp.Or(cfg.FetchWait, defaultFetchWait)
+	cfg.NakDelay = cmp.Or(cfg.NakDelay, defaultNakDelay)
+	cfg.Retention = cmp.Or(cfg.Retention, DefaultRetention)
+	return &Consumer{
+		pool:    pool,
+		js:      js,
+		cfg:     cfg,
+		handler: h,
+		logger:  logger.With("stream", cfg.Stream, "consumer", cfg.Durable),
+		queries: dbsqlc.New(),
+	}
+}
+
+// Stats returns the counters so far.
+func (c *Consumer) Stats() Stats {
+	return Stats{
+		Processed:    c.processed.Load(),
+		Duplicates:   c.duplicates.Load(),
+		DeadLettered: c.deadLettered.Load(),
+		Retried:      c.retried.Load(),
+	}
+}
+
+// Run fetches and processes messages until ctx is done. It fails at once if
+// the durable consumer does not exist. On cancellation it stops fetching,
+// finishes the messages already fetched — their handlers run under a
+// context that is not canceled — and returns nil. Run is called once.
+func (c *Consumer) Run(ctx context.Context) error {
+	if err := c.cfg.validate(); err != nil {
+		return fmt.Errorf("inbox config: %w", err)
+	}
+	cons, err := c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Durable)
+	if err != nil {
+		return fmt.Errorf("look up consumer %s on stream %s: %w", c.cfg.Durable, c.cfg.Stream, err)
+	}
+	c.maxDeliver = cons.CachedInfo().Config.MaxDeliver
+	c.logger.InfoContext(ctx, "inbox consumer running",
+		"batched", c.cfg.Batched, "batch_size", c.cfg.BatchSize, "workers", c.cfg.Workers, "max_deliver", c.maxDeliver)
+
+	g, gctx := errgroup.WithContext(ctx)
+	for range c.cfg.Workers {
+		g.Go(func() error { return c.fetchLoop(gctx, cons) })
+	}
+	err = g.Wait()
+
+	// Acks are published without waiting for a reply; the flush makes sure
+	// the server has them before the caller closes the connection.
+	flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
+	defer cancel()
+	if ferr := c.js.Conn().FlushWithContext(flushCtx); ferr != nil {
+		c.logger.WarnContext(ctx, "flush acks on stop; unacked messages will be redelivered and dropped as duplicates", "err", ferr)
+	}
+	return err
+}
+
+// fetchLoop fetches batches until ctx is done. It returns an error only when
+// the NATS connection is closed for good.
+func (c *Consumer) fetchLoop(ctx context.Context, cons jetstream.Consumer) error {
+	// Messages already fetched are processed to the end: their handlers must
+	// not see the cancellation, or a graceful stop would become a crash.
+	work := context.WithoutCancel(ctx)
+	for ctx.Err() == nil {
+		batch, err := cons.Fetch(c.cfg.BatchSize, jetstream.FetchMaxWait(c.cfg.FetchWait))
+		if err != nil {
+			if errors.Is(err, nats.ErrConnectionClosed) {
+				return fmt.Errorf("fetch from %s: %w", c.cfg.Durable, err)
+			}
+			c.logger.WarnContext(ctx, "fetch failed", "err", err)
+			sleep(ctx, c.cfg.FetchWait)
+			continue
+		}
+		if c.cfg.Batched {
+			var msgs []jetstream.Msg
+			for msg := range batch.Messages() {
+				msgs = append(msgs, msg)
+			}
+			if len(msgs) > 0 {
+				c.processBatch(work, msgs)
+			}
+		} else {
+			for msg := range batch.Messages() {
+				c.processMsg(work, msg)
+			}
+		}
+		if err := batch.Error(); err != nil {
+			c.logger.WarnContext(ctx, "fetch ended with an error", "err", err)
+			sleep(ctx, c.cfg.FetchWait)
+		}
+	}
+	return nil
+}
+
+// sleep waits for d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

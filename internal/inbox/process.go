@@ -1,0 +1,347 @@
+package inbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/inbox/internal/dbsqlc"
+	"github.com/onceflow/onceflow/internal/streams"
+)
+
+// Headers a dead-lettered message carries besides the original's.
+const (
+	HeaderDLQReason     = "Onceflow-Dlq-Reason"     // why it could not be processed
+	HeaderDLQConsumer   = "Onceflow-Dlq-Consumer"   // the durable that gave up on it
+	HeaderDLQStream     = "Onceflow-Dlq-Stream"     // the stream it is stored in
+	HeaderDLQStreamSeq  = "Onceflow-Dlq-Stream-Seq" // its sequence there
+	HeaderDLQDeliveries = "Onceflow-Dlq-Deliveries" // how often it was delivered
+	HeaderDLQSubject    = "Onceflow-Dlq-Subject"    // the subject it was published on
+)
+
+// maxReasonLen keeps a reason header readable; error chains can be long.
+const maxReasonLen = 1024
+
+// outcome is what became of a delivery's processing.
+type outcome int
+
+const (
+	pending   outcome = iota // not processed yet
+	processed                // the handler's writes and the claim are committed
+	duplicate                // the event was processed before
+	failed                   // nothing was committed for it; err says why
+)
+
+// delivery is one decoded message on its way through the inbox.
+type delivery struct {
+	msg     jetstream.Msg
+	meta    *jetstream.MsgMetadata
+	ev      event.Envelope
+	outcome outcome
+	err     error
+}
+
+func (d *delivery) fail(err error) {
+	d.outcome, d.err = failed, err
+}
+
+// processMsg processes one message in a transaction of its own and settles
+// it.
+func (c *Consumer) processMsg(ctx context.Context, msg jetstream.Msg) {
+	d, ok := c.decode(ctx, msg)
+	if !ok {
+		return
+	}
+	c.processTx(ctx, d)
+	c.settle(ctx, d)
+}
+
+// decode reads msg's envelope and applies the retention guard. A message
+// that fails either is dead-lettered here, and ok is false.
+func (c *Consumer) decode(ctx context.Context, msg jetstream.Msg) (d *delivery, ok bool) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		// Only a message that did not come from a consumer lacks metadata,
+		// and it could not be acked either.
+		c.logger.ErrorContext(ctx, "message without JetStream metadata", "subject", msg.Subject(), "err", err)
+		return nil, false
+	}
+	d = &delivery{msg: msg, meta: meta}
+	if d.ev, err = event.FromMsg(msg.Headers(), msg.Data()); err != nil {
+		c.deadLetter(ctx, d, fmt.Sprintf("decode: %v", err))
+		return nil, false
+	}
+	// The processed_events row of an event older than the retention period
+	// may already be deleted, so a redelivery would not be recognised. The
+	// guard is sound because an event's time is never later than its first
+	// processing, so its row, if any, is younger than the event is.
+	if age := time.Since(d.ev.Time); age > c.cfg.Retention {
+		c.deadLetter(ctx, d, fmt.Sprintf("event %s is %s old, beyond the inbox retention of %s: it may have been processed already",
+			d.ev.ID, age.Round(time.Second), c.cfg.Retention))
+		return nil, false
+	}
+	return d, true
+}
+
+// processTx claims d's event, runs the handler and commits, all in one
+// transaction. It records the outcome in d; the deferred rollback happens
+// before the message is settled, so a failure leaves nothing behind.
+func (c *Consumer) processTx(ctx context.Context, d *delivery) {
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		d.fail(fmt.Errorf("begin: %w", err))
+		return
+	}
+	defer c.rollback(ctx, tx)
+
+	_, err = c.queries.ClaimEvent(ctx, tx, dbsqlc.ClaimEventParams{
+		Consumer:  c.cfg.Durable,
+		EventID:   d.ev.ID,
+		EventType: string(d.ev.Type),
+		EventTime: d.ev.Time,
+		StreamSeq: int64(d.meta.Sequence.Stream),
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		d.outcome = duplicate
+		return
+	case err != nil:
+		d.fail(fmt.Errorf("claim: %w", err))
+		return
+	}
+	if err := c.handler(ctx, tx, d.ev); err != nil {
+		d.fail(fmt.Errorf("handler: %w", err))
+		return
+	}
+	// A failed commit may still have happened (the connection broke after
+	// the server committed); then the redelivery is dropped as a duplicate.
+	if err := tx.Commit(ctx); err != nil {
+		d.fail(fmt.Errorf("commit: %w", err))
+		return
+	}
+	d.outcome = processed
+}
+
+// processBatch processes a fetched batch in one transaction and settles each
+// of its messages.
+func (c *Consumer) processBatch(ctx context.Context, msgs []jetstream.Msg) {
+	ds := make([]*delivery, 0, len(msgs))
+	for _, msg := range msgs {
+		if d, ok := c.decode(ctx, msg); ok {
+			ds = append(ds, d)
+		}
+	}
+	if len(ds) == 0 {
+		return
+	}
+	// The same event twice in one batch (a publish that bypassed the
+	// broker's dedup) is claimed once; the later copies are duplicates.
+	unique := make([]*delivery, 0, len(ds))
+	seen := make(map[uuid.UUID]bool, len(ds))
+	for _, d := range ds {
+		if seen[d.ev.ID] {
+			d.outcome = duplicate
+			continue
+		}
+		seen[d.ev.ID] = true
+		unique = append(unique, d)
+	}
+	if err := c.processBatchTx(ctx, unique); err != nil {
+		// Nothing of the batch was committed, so every message is retried,
+		// the duplicates with the rest: none of them is acked uncommitted.
+		for _, d := range ds {
+			d.fail(err)
+		}
+	}
+	for _, d := range ds {
+		c.settle(ctx, d)
+	}
+}
+
+// processBatchTx claims the events of ds with one statement and runs the
+// handler for each new one, in fetch order, under a savepoint. It returns an
+// error when the transaction as a whole failed.
+func (c *Consumer) processBatchTx(ctx context.Context, ds []*delivery) error {
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer c.rollback(ctx, tx)
+
+	// Claimed in event id order (the query sorts too), so that two batches
+	// that overlap after a redelivery lock their keys in the same order and
+	// cannot deadlock.
+	byID := slices.SortedFunc(slices.Values(ds), func(a, b *delivery) int {
+		return bytes.Compare(a.ev.ID[:], b.ev.ID[:])
+	})
+	claim := dbsqlc.ClaimEventsParams{
+		Consumer:   c.cfg.Durable,
+		EventIds:   make([]uuid.UUID, len(byID)),
+		EventTypes: make([]string, len(byID)),
+		EventTimes: make([]time.Time, len(byID)),
+		StreamSeqs: make([]int64, len(byID)),
+	}
+	for i, d := range byID {
+		claim.EventIds[i] = d.ev.ID
+		claim.EventTypes[i] = string(d.ev.Type)
+		claim.EventTimes[i] = d.ev.Time
+		claim.StreamSeqs[i] = int64(d.meta.Sequence.Stream)
+	}
+	claimed, err := c.queries.ClaimEvents(ctx, tx, claim)
+	if err != nil {
+		return fmt.Errorf("claim: %w", err)
+	}
+	isNew := make(map[uuid.UUID]bool, len(claimed))
+	for _, id := range claimed {
+		isNew[id] = true
+	}
+
+	for _, d := range ds {
+		if !isNew[d.ev.ID] {
+			d.outcome = duplicate
+			continue
+		}
+		if err := c.handleUnderSavepoint(ctx, tx, d); err != nil {
+			return err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// handleUnderSavepoint runs the handler for d under a savepoint, so that its
+// failure undoes its own writes only. It returns an error only when the
+// transaction itself is broken.
+func (c *Consumer) handleUnderSavepoint(ctx context.Context, tx pgx.Tx, d *delivery) error {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("savepoint: %w", err)
+	}
+	herr := c.handler(ctx, sp, d.ev)
+	if herr == nil {
+		if err := sp.Commit(ctx); err != nil {
+			return fmt.Errorf("release savepoint: %w", err)
+		}
+		d.outcome = processed
+		return nil
+	}
+	if err := sp.Rollback(ctx); err != nil {
+		return fmt.Errorf("roll back to savepoint: %w", err)
+	}
+	// The claim was taken before the savepoint; left in place, the commit
+	// would mark the event processed and its redelivery would be dropped.
+	if err := c.queries.UnclaimEvent(ctx, tx, dbsqlc.UnclaimEventParams{Consumer: c.cfg.Durable, EventID: d.ev.ID}); err != nil {
+		return fmt.Errorf("unclaim %s: %w", d.ev.ID, err)
+	}
+	d.fail(fmt.Errorf("handler: %w", herr))
+	return nil
+}
+
+func (c *Consumer) rollback(ctx context.Context, tx pgx.Tx) {
+	// After a commit this is a no-op. A failed rollback means the connection
+	// broke, and the server rolls back a transaction whose connection is gone.
+	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		c.logger.DebugContext(ctx, "rollback failed", "err", err)
+	}
+}
+
+// settle acks, naks or dead-letters d's message according to its outcome.
+// It runs only after d's transaction committed or rolled back.
+func (c *Consumer) settle(ctx context.Context, d *delivery) {
+	switch d.outcome {
+	case processed, duplicate:
+		if d.outcome == processed {
+			c.processed.Add(1)
+		} else {
+			c.duplicates.Add(1)
+			c.logger.DebugContext(ctx, "duplicate dropped", "event_id", d.ev.ID, "stream_seq", d.meta.Sequence.Stream)
+		}
+		if c.skipAck != nil && c.skipAck(d.ev) {
+			return
+		}
+		if err := d.msg.Ack(); err != nil {
+			c.logger.WarnContext(ctx, "ack failed; the redelivery will be dropped as a duplicate",
+				"event_id", d.ev.ID, "err", err)
+		}
+	case failed:
+		switch {
+		case isPermanent(d.err):
+			c.deadLetter(ctx, d, d.err.Error())
+		case c.maxDeliver > 0 && d.meta.NumDelivered >= uint64(c.maxDeliver):
+			// A nak would not bring it back: JetStream gives up after
+			// MaxDeliver deliveries.
+			c.deadLetter(ctx, d, fmt.Sprintf("failed on each of %d deliveries, the last: %v", d.meta.NumDelivered, d.err))
+		default:
+			c.logger.WarnContext(ctx, "processing failed; retrying",
+				"event_id", d.ev.ID, "deliveries", d.meta.NumDelivered, "err", d.err)
+			c.nak(ctx, d)
+		}
+	default:
+		// Unreachable: every path of processTx and processBatch decides.
+		c.logger.ErrorContext(ctx, "message left unsettled", "event_id", d.ev.ID, "outcome", d.outcome)
+	}
+}
+
+func (c *Consumer) nak(ctx context.Context, d *delivery) {
+	c.retried.Add(1)
+	if err := d.msg.NakWithDelay(c.cfg.NakDelay); err != nil {
+		c.logger.WarnContext(ctx, "nak failed; the message will be redelivered after the ack wait",
+			"stream_seq", d.meta.Sequence.Stream, "err", err)
+	}
+}
+
+// deadLetter copies d's message to the DLQ with the reason, then terminates
+// it. If the copy fails the message is naked instead: it is never dropped
+// uncopied.
+func (c *Consumer) deadLetter(ctx context.Context, d *delivery, reason string) {
+	reason = strings.Join(strings.Fields(reason), " ") // no line breaks in a header
+	if len(reason) > maxReasonLen {
+		reason = reason[:maxReasonLen]
+	}
+	h := nats.Header{}
+	for k, v := range d.msg.Headers() {
+		// Nats-* headers instructed the server that stored the original
+		// (dedup id, expected sequences, TTL, rollup); copied, they would act
+		// again on the DLQ stream.
+		if !strings.HasPrefix(k, "Nats-") {
+			h[k] = slices.Clone(v)
+		}
+	}
+	h.Set(HeaderDLQReason, reason)
+	h.Set(HeaderDLQConsumer, c.cfg.Durable)
+	h.Set(HeaderDLQStream, d.meta.Stream)
+	h.Set(HeaderDLQStreamSeq, strconv.FormatUint(d.meta.Sequence.Stream, 10))
+	h.Set(HeaderDLQDeliveries, strconv.FormatUint(d.meta.NumDelivered, 10))
+	h.Set(HeaderDLQSubject, d.msg.Subject())
+	// One id per stored message: dead-lettering it again (a term that was
+	// lost, a crash after the publish) is dropped by the DLQ's dedup.
+	h.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s:%d", c.cfg.Durable, d.meta.Sequence.Stream))
+
+	dlq := &nats.Msg{Subject: streams.DLQSubjectPrefix + c.cfg.Durable, Header: h, Data: d.msg.Data()}
+	if _, err := c.js.PublishMsg(ctx, dlq); err != nil {
+		c.logger.ErrorContext(ctx, "dead-lettering failed; the message will be redelivered",
+			"stream_seq", d.meta.Sequence.Stream, "reason", reason, "err", err)
+		c.nak(ctx, d)
+		return
+	}
+	c.deadLettered.Add(1)
+	c.logger.WarnContext(ctx, "message dead-lettered",
+		"subject", d.msg.Subject(), "stream_seq", d.meta.Sequence.Stream, "deliveries", d.meta.NumDelivered, "reason", reason)
+	if err := d.msg.TermWithReason("dead-lettered"); err != nil {
+		c.logger.WarnContext(ctx, "term failed; the redelivery will be dead-lettered again and deduplicated",
+			"stream_seq", d.meta.Sequence.Stream, "err", err)
+	}
+}

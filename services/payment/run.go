@@ -1,0 +1,26 @@
+package payment
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/onceflow/onceflow/internal/app"
+	"github.com/onceflow/onceflow/internal/streams"
+)
+
+// Name is the service's name: its event source, migration set and logs.
+const Name = "payment"
+
+// Run runs the payment service until ctx is done.
+func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
+	return app.Run(ctx, Name, cfg.Config, logger, func(d app.Deps) (app.Spec, error) {
+		s := New(d.Pool)
+		return app.Spec{
+			Subscriptions: []app.Subscription{
+				{Stream: streams.Orders, Durable: streams.PaymentOrders, Handler: s.HandleOrderPlaced},
+				{Stream: streams.Inventory, Durable: streams.PaymentInventory, Handler: s.HandleStockRejected},
+			},
+			Routes: s.Routes,
+		}, nil
+	})
+}
