@@ -1,0 +1,168 @@
+package payment_test
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/app"
+	"github.com/onceflow/onceflow/internal/apptest"
+	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/services/payment"
+)
+
+func start(t *testing.T) *apptest.Service {
+	t.Helper()
+	return apptest.Start(t, payment.Name, func(ctx context.Context, cfg app.Config, l *slog.Logger) error {
+		return payment.Run(ctx, payment.Config{Config: cfg}, l)
+	})
+}
+
+func credit(t *testing.T, svc *apptest.Service, customer string, cents int64) {
+	t.Helper()
+	resp := svc.Do(t, http.MethodPost, "/wallets/"+customer+"/credits",
+		http.Header{"Idempotency-Key": {uuid.NewString()}}, map[string]int64{"amount_cents": cents}, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+func balance(t *testing.T, svc *apptest.Service, customer string) int64 {
+	t.Helper()
+	var w payment.Wallet
+	resp := svc.Do(t, http.MethodGet, "/wallets/"+customer, nil, nil, &w)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	return w.BalanceCents
+}
+
+func orderPlaced(t *testing.T, customer string, total int64) event.Envelope {
+	t.Helper()
+	orderID := uuid.Must(uuid.NewV7())
+	ev, err := event.New("order", event.OrderPlaced, orderID.String(), event.OrderPlacedV1{
+		Order:      event.Order{OrderID: orderID, CustomerID: customer},
+		Lines:      event.Lines{{SKU: "apple", Quantity: 1, UnitPriceCents: total}},
+		TotalCents: total,
+	})
+	require.NoError(t, err)
+	return ev
+}
+
+func stockRejected(t *testing.T, placed event.Envelope) event.Envelope {
+	t.Helper()
+	var p event.OrderPlacedV1
+	require.NoError(t, placed.Decode(&p))
+	ev, err := placed.Caused("inventory", event.StockRejected, event.StockRejectedV1{Order: p.Order, AmountCents: p.TotalCents, Reason: "out of apple"})
+	require.NoError(t, err)
+	return ev
+}
+
+func TestOrderPlacedDebitsOnceOrRejects(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name        string
+		credit      int64 // 0: never credited
+		total       int64
+		deliveries  int
+		wantType    event.Type
+		wantBalance int64
+	}{
+		{"covered", 1000, 300, 1, event.PaymentDebited, 700},
+		{"exactly covered", 300, 300, 1, event.PaymentDebited, 0},
+		{"covered, delivered 5 times", 1000, 300, 5, event.PaymentDebited, 700},
+		{"insufficient funds", 100, 300, 1, event.PaymentRejected, 100},
+		{"insufficient, delivered 5 times", 100, 300, 5, event.PaymentRejected, 100},
+		{"never credited", 0, 1, 3, event.PaymentRejected, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			svc := start(t)
+			if tt.credit > 0 {
+				credit(t, svc, "alice", tt.credit)
+			}
+			outcomes := svc.Watch(t, streams.Payments, "payments.>")
+			ev := orderPlaced(t, "alice", tt.total)
+			svc.Publish(t, ev)
+			for range tt.deliveries - 1 {
+				svc.PublishDuplicate(t, ev)
+			}
+
+			got := outcomes.Wait(t, 1)
+			require.Equal(t, tt.wantType, got[0].Type)
+			require.Equal(t, ev.Subject, got[0].Subject)
+			requireProcessed(t, svc, streams.PaymentOrders, int64(tt.deliveries))
+			require.Len(t, outcomes.Seen(), 1, "one outcome per order, whatever the deliveries")
+			require.Equal(t, tt.wantBalance, balance(t, svc, "alice"))
+		})
+	}
+}
+
+func TestConcurrentDuplicatesDebitOnce(t *testing.T) {
+	t.Parallel()
+	svc := start(t)
+	credit(t, svc, "bob", 1000)
+	ev := orderPlaced(t, "bob", 400)
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() { svc.PublishDuplicate(t, ev) })
+	}
+	wg.Wait()
+	requireProcessed(t, svc, streams.PaymentOrders, 10)
+	require.Equal(t, int64(600), balance(t, svc, "bob"))
+}
+
+func TestStockRejectedRefundsOnce(t *testing.T) {
+	t.Parallel()
+	svc := start(t)
+	credit(t, svc, "carol", 1000)
+	refunds := svc.Watch(t, streams.Payments, "payments.refunded.v1")
+	placed := orderPlaced(t, "carol", 250)
+	svc.Publish(t, placed)
+	requireProcessed(t, svc, streams.PaymentOrders, 1)
+	require.Equal(t, int64(750), balance(t, svc, "carol"))
+
+	rejected := stockRejected(t, placed)
+	for range 3 {
+		svc.PublishDuplicate(t, rejected)
+	}
+	got := refunds.Wait(t, 1)
+	var p event.PaymentRefundedV1
+	require.NoError(t, got[0].Decode(&p))
+	require.Equal(t, int64(250), p.AmountCents)
+	requireProcessed(t, svc, streams.PaymentInventory, 3)
+	require.Len(t, refunds.Seen(), 1)
+	require.Equal(t, int64(1000), balance(t, svc, "carol"), "refunded once, never more than the debit")
+}
+
+func TestStockRejectedForRejectedPaymentRefundsNothing(t *testing.T) {
+	t.Parallel()
+	svc := start(t)
+	credit(t, svc, "dave", 10)
+	placed := orderPlaced(t, "dave", 500)
+	svc.Publish(t, placed)
+	requireProcessed(t, svc, streams.PaymentOrders, 1)
+	svc.Publish(t, stockRejected(t, placed))
+	requireProcessed(t, svc, streams.PaymentInventory, 1)
+	require.Equal(t, int64(10), balance(t, svc, "dave"))
+}
+
+// requireProcessed waits until the durable has acknowledged n deliveries.
+func requireProcessed(t *testing.T, svc *apptest.Service, durable string, n int64) {
+	t.Helper()
+	stream := streams.Orders
+	if durable == streams.PaymentInventory {
+		stream = streams.Inventory
+	}
+	require.Eventually(t, func() bool {
+		cons, err := svc.JS.Consumer(t.Context(), stream, durable)
+		require.NoError(t, err)
+		info, err := cons.Info(t.Context())
+		require.NoError(t, err)
+		return info.AckFloor.Stream >= uint64(n) && info.NumAckPending == 0
+	}, 20*time.Second, 20*time.Millisecond)
+}
