@@ -80,7 +80,9 @@ func Run(ctx context.Context, name string, cfg Config, logger *slog.Logger, buil
 		return fmt.Errorf("connect to nats %s: %w", cfg.NATSURL, err)
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	// Bound how long the client keeps an unacknowledged async publish, so
+	// that a relay batch that timed out does not fill its pending window.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(30*time.Second))
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}

@@ -22,8 +22,12 @@
 //     time per database (an advisory lock), so events of one aggregate reach
 //     the broker in the order they were written — provided their producer
 //     writes them in that order, which it does by locking the aggregate's row
-//     before enqueueing (see Enqueue). Within a batch, a failed publish stops
-//     the batch, and publishes are never retried out of order by the client.
+//     before enqueueing (see Enqueue). A batch stops publishing at the first
+//     publish that cannot be sent, and the client never resends a publish
+//     behind later ones. One limit remains: when the broker refuses a publish
+//     that it received, the rows behind it are already on their way; they
+//     stay unsent and are published again behind it, but the first copies
+//     may be stored ahead of it.
 //   - Re-drive window: a JetStream publish ack is not an fsync (the server
 //     syncs to disk every two minutes by default), so an acknowledged event
 //     can still be lost in a power failure. Sent rows are therefore kept for

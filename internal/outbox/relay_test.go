@@ -1,0 +1,469 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/outbox"
+	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/internal/testenv"
+)
+
+// awaitListener waits until a relay's LISTEN session other than the one
+// with pid notPid is established in the test's database, and returns its
+// pid.
+func awaitListener(t *testing.T, db *testenv.Database, notPid int32) int32 {
+	t.Helper()
+	var pid int32
+	require.Eventually(t, func() bool {
+		err := db.Pool.QueryRow(t.Context(), `
+			SELECT pid FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = $1
+			  AND state = 'idle' AND query LIKE 'LISTEN %' AND pid <> $2`,
+			outbox.ListenApplicationName, notPid).Scan(&pid)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false
+		}
+		require.NoError(t, err)
+		return true
+	}, 10*time.Second, 5*time.Millisecond, "relay LISTEN session")
+	return pid
+}
+
+func terminateBackend(t *testing.T, db *testenv.Database, pid int32) {
+	t.Helper()
+	var ok bool
+	// Waits up to 5s for the backend to exit.
+	err := db.Pool.QueryRow(t.Context(), "SELECT pg_terminate_backend($1, 5000)", pid).Scan(&ok)
+	require.NoError(t, err)
+	require.True(t, ok, "terminate backend %d", pid)
+}
+
+func TestNotifyWakesRelay(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.provision(t, 0)
+	// Polling alone would take a minute.
+	run(t, f.relay(outbox.RelayConfig{PollInterval: time.Minute}))
+	awaitListener(t, f.db, 0)
+
+	const events = 20
+	latencies := make([]time.Duration, 0, events)
+	for i := range events {
+		enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", i+1))
+		latencies = append(latencies, awaitMsgs(t, f.js, streams.Orders, uint64(i+1), time.Second))
+	}
+	slices.Sort(latencies)
+	t.Logf("commit to stream over %d events: p50 %s, max %s", events, latencies[events/2], latencies[events-1])
+}
+
+func TestLostNotificationIsCoveredByPolling(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := setup(t)
+	f.provision(t, 0)
+	const poll = 200 * time.Millisecond
+	run(t, f.relay(outbox.RelayConfig{PollInterval: poll}))
+	pid := awaitListener(t, f.db, 0)
+
+	// Open a few pooled connections now: while the database refuses new
+	// connections, the relay's batches and this test use these.
+	conns := make([]*pgxpool.Conn, 4)
+	for i := range conns {
+		c, err := f.db.Pool.Acquire(ctx)
+		require.NoError(t, err)
+		conns[i] = c
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+	// Kill the LISTEN session and keep the relay from opening another, so
+	// that the next commit is notified to nobody. ALLOW_CONNECTIONS binds
+	// superusers too; a database cannot disallow its own connections.
+	admin, err := pgx.Connect(ctx, f.db.AdminURL())
+	require.NoError(t, err)
+	defer func() { require.NoError(t, admin.Close(context.Background())) }()
+	allowConnections := func(allow bool) {
+		_, err := admin.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s ALLOW_CONNECTIONS %t", pgx.Identifier{f.db.Name}.Sanitize(), allow))
+		require.NoError(t, err)
+	}
+	allowConnections(false)
+	terminateBackend(t, f.db, pid)
+
+	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 1))
+	latency := awaitMsgs(t, f.js, streams.Orders, 1, 10*poll)
+	t.Logf("unnotified commit to stream: %s (poll interval %s)", latency, poll)
+	require.Less(t, latency, 3*poll, "published by polling within about two poll intervals")
+
+	allowConnections(true)
+	awaitListener(t, f.db, pid)
+	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 2))
+	t.Logf("commit to stream with LISTEN back: %s", awaitMsgs(t, f.js, streams.Orders, 2, time.Second))
+}
+
+func TestListenIsReestablished(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.provision(t, 0)
+	// Polling alone would take a minute: what is published below was
+	// noticed through the LISTEN session.
+	run(t, f.relay(outbox.RelayConfig{PollInterval: time.Minute}))
+	pid := awaitListener(t, f.db, 0)
+
+	terminateBackend(t, f.db, pid)
+	// Committed while the session is down or being re-established: the
+	// relay flushes once it listens again.
+	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 1))
+	t.Logf("commit to stream across a lost session: %s", awaitMsgs(t, f.js, streams.Orders, 1, 2*time.Second))
+
+	awaitListener(t, f.db, pid)
+	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 2))
+	t.Logf("commit to stream on the new session: %s", awaitMsgs(t, f.js, streams.Orders, 2, time.Second))
+}
+
+func TestTwoRelaysKeepPerAggregateOrder(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := setup(t)
+	f.provision(t, 0)
+
+	var published [2]atomic.Int64
+	for i := range published {
+		// Small batches: many turns for the lock to change hands.
+		r := f.relay(outbox.RelayConfig{BatchSize: 5, PollInterval: 100 * time.Millisecond})
+		outbox.SetBatchDone(r, func(n int, _ error) { published[i].Add(int64(n)) })
+		run(t, r)
+	}
+
+	const aggregates, perAggregate = 8, 40
+	var wg sync.WaitGroup
+	errs := make(chan error, aggregates)
+	for a := range aggregates {
+		wg.Go(func() {
+			aggregate := fmt.Sprintf("order-%d", a)
+			// One to three events per transaction, transactions one after
+			// the other: the aggregate's order is its sequence numbers.
+			for seq := 1; seq <= perAggregate; {
+				tx, err := f.db.Pool.Begin(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				for range 1 + (seq+a)%3 {
+					if seq > perAggregate {
+						break
+					}
+					ev, err := event.New("test", event.OrderPlaced, aggregate, payload{Seq: seq})
+					if err == nil {
+						err = outbox.Enqueue(ctx, tx, ev)
+					}
+					if err != nil {
+						_ = tx.Rollback(ctx)
+						errs <- err
+						return
+					}
+					seq++
+				}
+				if err := tx.Commit(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+
+	const total = aggregates * perAggregate
+	awaitMsgs(t, f.js, streams.Orders, total, 30*time.Second)
+	r := f.relay(outbox.RelayConfig{})
+	require.Eventually(t, func() bool {
+		lag, err := r.Lag(ctx)
+		require.NoError(t, err)
+		return lag.Unsent == 0
+	}, 10*time.Second, 10*time.Millisecond)
+	t.Logf("published by relay 1: %d, relay 2: %d", published[0].Load(), published[1].Load())
+
+	msgs := streamMsgs(t, f.js, streams.Orders)
+	require.Len(t, msgs, total, "every event exactly once")
+	last := map[string]int{}
+	ids := map[string]bool{}
+	for _, m := range msgs {
+		id := m.Header.Get(event.HeaderID)
+		require.False(t, ids[id], "event %s twice in the stream", id)
+		ids[id] = true
+		var p payload
+		require.NoError(t, json.Unmarshal(m.Data, &p))
+		aggregate := m.Header.Get(event.HeaderSubject)
+		require.Equal(t, last[aggregate]+1, p.Seq, "aggregate %s out of order", aggregate)
+		last[aggregate] = p.Seq
+	}
+	require.Len(t, last, aggregates)
+}
+
+func TestRelayDiesBeforeMarkingSent(t *testing.T) {
+	t.Parallel()
+	errDied := errors.New("relay died")
+
+	t.Run("within the duplicate window", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		f := setup(t)
+		f.provision(t, 0)
+		evs := []event.Envelope{
+			newEvent(t, event.OrderPlaced, "order-1", 1),
+			newEvent(t, event.OrderPlaced, "order-1", 2),
+			newEvent(t, event.OrderPlaced, "order-2", 1),
+		}
+		enqueue(t, f.db.Pool, evs...)
+
+		dying := f.relay(outbox.RelayConfig{})
+		outbox.SetAfterPublish(dying, func() error { return errDied })
+		n, err := dying.Flush(ctx)
+		require.ErrorIs(t, err, errDied)
+		require.Zero(t, n)
+		require.Len(t, streamMsgs(t, f.js, streams.Orders), len(evs), "published")
+		fresh := f.relay(outbox.RelayConfig{})
+		requireLag(t, fresh, int64(len(evs)))
+
+		n, err = fresh.Flush(ctx)
+		require.NoError(t, err)
+		require.Equal(t, len(evs), n)
+		requireLag(t, fresh, 0)
+		msgs := streamMsgs(t, f.js, streams.Orders)
+		require.Len(t, msgs, len(evs), "the broker dropped the republished events")
+		for i, m := range msgs {
+			require.Equal(t, evs[i].ID.String(), m.Header.Get(event.HeaderID))
+		}
+	})
+
+	t.Run("past the duplicate window", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		f := setup(t)
+		const window = 100 * time.Millisecond // the server's minimum
+		f.provision(t, window)
+		ev := newEvent(t, event.OrderPlaced, "order-1", 1)
+		enqueue(t, f.db.Pool, ev)
+
+		dying := f.relay(outbox.RelayConfig{})
+		outbox.SetAfterPublish(dying, func() error { return errDied })
+		_, err := dying.Flush(ctx)
+		require.ErrorIs(t, err, errDied)
+		awaitDuplicateWindowPassed(t, f.js, "orders.probe")
+
+		n, err := f.relay(outbox.RelayConfig{}).Flush(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		var ids []string
+		for _, m := range streamMsgs(t, f.js, streams.Orders) {
+			if m.Subject == "orders.placed.v1" {
+				ids = append(ids, m.Header.Get(event.HeaderID))
+			}
+		}
+		// The consumers' inbox absorbs the second one.
+		require.Equal(t, []string{ev.ID.String(), ev.ID.String()}, ids)
+	})
+}
+
+// awaitDuplicateWindowPassed waits until the stream of subject has forgotten
+// the message ids of everything published before the call. The server
+// forgets ids in the order it stored them, so it waits for a probe stored
+// now to be forgotten: until a republish of the probe is stored again
+// instead of being dropped as a duplicate.
+func awaitDuplicateWindowPassed(t *testing.T, js jetstream.JetStream, subject string) {
+	t.Helper()
+	ctx := t.Context()
+	probeID := fmt.Sprintf("probe-%d", time.Now().UnixNano())
+	ack, err := js.Publish(ctx, subject, nil, jetstream.WithMsgID(probeID))
+	require.NoError(t, err)
+	require.False(t, ack.Duplicate)
+	require.Eventually(t, func() bool {
+		ack, err := js.Publish(ctx, subject, nil, jetstream.WithMsgID(probeID))
+		require.NoError(t, err)
+		return !ack.Duplicate
+	}, 10*time.Second, 10*time.Millisecond, "duplicate window of %s", subject)
+}
+
+func TestPublishFailureMarksNothingAndRunKeepsGoing(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := setup(t) // no streams: no stream answers a publish
+	const poll = 100 * time.Millisecond
+
+	var (
+		mu       sync.Mutex
+		failures []time.Time
+		lastErr  error
+	)
+	r := f.relay(outbox.RelayConfig{PollInterval: poll, PublishTimeout: 2 * time.Second})
+	outbox.SetBatchDone(r, func(_ int, err error) {
+		if err == nil {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		failures = append(failures, time.Now())
+		lastErr = err
+	})
+	failed := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(failures)
+	}
+	run(t, r)
+
+	// Every commit notifies the relay; a failing relay still waits a poll
+	// interval between batches.
+	const rounds = 5
+	for i := range rounds {
+		enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", i+1))
+		want := failed() + 1
+		require.Eventually(t, func() bool { return failed() >= want }, 5*time.Second, 5*time.Millisecond)
+	}
+	mu.Lock()
+	require.ErrorIs(t, lastErr, jetstream.ErrNoStreamResponse)
+	for i := 1; i < len(failures); i++ {
+		require.GreaterOrEqual(t, failures[i].Sub(failures[i-1]), poll, "failed batches %d and %d", i-1, i)
+	}
+	t.Logf("%d failed batches in %s", len(failures), failures[len(failures)-1].Sub(failures[0]))
+	mu.Unlock()
+
+	var sent int
+	require.NoError(t, f.db.Pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL").Scan(&sent))
+	require.Zero(t, sent)
+	requireLag(t, r, rounds)
+
+	f.provision(t, 0)
+	awaitMsgs(t, f.js, streams.Orders, rounds, 5*time.Second)
+	require.Eventually(t, func() bool {
+		lag, err := r.Lag(ctx)
+		require.NoError(t, err)
+		return lag.Unsent == 0
+	}, 5*time.Second, 10*time.Millisecond)
+	require.Len(t, streamMsgs(t, f.js, streams.Orders), rounds)
+}
+
+func TestPublishFailureMarksOnlyThePrefixSent(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := setup(t)
+	// ORDERS only: the payment event in the middle finds no stream.
+	_, err := f.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:       streams.Orders,
+		Subjects:   []string{"orders.>"},
+		Duplicates: 2 * time.Minute,
+	})
+	require.NoError(t, err)
+	first := newEvent(t, event.OrderPlaced, "order-1", 1)
+	failing := newEvent(t, event.PaymentDebited, "order-1", 2)
+	after := newEvent(t, event.OrderPlaced, "order-2", 1)
+	enqueue(t, f.db.Pool, first, failing, after)
+
+	r := f.relay(outbox.RelayConfig{})
+	n, err := r.Flush(ctx)
+	require.ErrorIs(t, err, jetstream.ErrNoStreamResponse)
+	require.Equal(t, 1, n)
+	rows, err := f.db.Pool.Query(ctx, "SELECT event_id::text FROM outbox WHERE sent_at IS NOT NULL")
+	require.NoError(t, err)
+	sent, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{first.ID.String()}, sent, "only the rows before the failure")
+	// The row after the failure was published all the same…
+	require.Len(t, streamMsgs(t, f.js, streams.Orders), 2)
+
+	f.provision(t, 0)
+	n, err = r.Flush(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	requireLag(t, r, 0)
+	// …and its republication was dropped by the broker.
+	require.Len(t, streamMsgs(t, f.js, streams.Orders), 2)
+	require.Len(t, streamMsgs(t, f.js, streams.Payments), 1)
+}
+
+func TestLag(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := setup(t)
+	f.provision(t, 0)
+	r := f.relay(outbox.RelayConfig{})
+	require.Equal(t, outbox.Lag{}, requireLag(t, r, 0))
+
+	for i := range 3 {
+		enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", i+1))
+	}
+	require.Eventually(t, func() bool {
+		lag := requireLag(t, r, 3)
+		return lag.OldestAge > 0
+	}, 5*time.Second, time.Millisecond)
+
+	n, err := r.Flush(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	require.Equal(t, outbox.Lag{}, requireLag(t, r, 0))
+}
+
+func TestFlushLoopsOverBatches(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := setup(t)
+	f.provision(t, 0)
+	const events = 23
+	evs := make([]event.Envelope, events)
+	for i := range evs {
+		evs[i] = newEvent(t, event.OrderPlaced, "order-1", i+1)
+	}
+	enqueue(t, f.db.Pool, evs...)
+
+	r := f.relay(outbox.RelayConfig{BatchSize: 5})
+	batches := 0
+	outbox.SetBatchDone(r, func(int, error) { batches++ })
+	n, err := r.Flush(ctx)
+	require.NoError(t, err)
+	require.Equal(t, events, n)
+	require.Equal(t, 5, batches)
+	msgs := streamMsgs(t, f.js, streams.Orders)
+	require.Len(t, msgs, events)
+	for i, m := range msgs {
+		require.Equal(t, evs[i].ID.String(), m.Header.Get(event.HeaderID), "in id order")
+	}
+}
+
+func TestRunFinishesTheBatchInFlight(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.provision(t, 0)
+	const events = 3
+	for i := range events {
+		enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", i+1))
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	r := f.relay(outbox.RelayConfig{PollInterval: time.Minute})
+	// Shut down after the publish and before the rows are marked sent.
+	outbox.SetAfterPublish(r, func() error {
+		cancel()
+		return nil
+	})
+	require.NoError(t, r.Run(ctx))
+	requireLag(t, r, 0)
+	require.Len(t, streamMsgs(t, f.js, streams.Orders), events)
+}
