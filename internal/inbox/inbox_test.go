@@ -1,0 +1,452 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/inbox"
+	"github.com/onceflow/onceflow/internal/streams"
+)
+
+func TestDuplicateDeliveriesHaveOneEffect(t *testing.T) {
+	t.Parallel()
+	for _, batched := range []bool{false, true} {
+		for _, consumers := range []int{1, 2} {
+			for _, n := range []int{2, 5, 50} {
+				t.Run(fmt.Sprintf("batched=%t/consumers=%d/deliveries=%d", batched, consumers, n), func(t *testing.T) {
+					t.Parallel()
+					e := setup(t, streams.Consumer{})
+					var cs []*inbox.Consumer
+					for range consumers {
+						// Small batches and two workers each, so that the
+						// copies race each other across fetches, workers and
+						// consumers as well as within a batch.
+						cs = append(cs, e.start(t, inbox.Config{Batched: batched, BatchSize: 4, Workers: 2}, writeEffect))
+					}
+					ev := newEvent(t)
+					for range n {
+						e.publish(t, ev)
+					}
+
+					var total inbox.Stats
+					require.EventuallyWithT(t, func(c *assert.CollectT) {
+						total = inbox.Stats{}
+						for _, cons := range cs {
+							s := cons.Stats()
+							total.Processed += s.Processed
+							total.Duplicates += s.Duplicates
+							total.Retried += s.Retried
+							total.DeadLettered += s.DeadLettered
+						}
+						assert.EqualValues(c, n, total.Processed+total.Duplicates)
+					}, waitFor, tick)
+					require.EqualValues(t, 1, e.effects(t, ev.ID), "effects of one event")
+					require.Equal(t, inbox.Stats{Processed: 1, Duplicates: int64(n - 1)}, total)
+					require.EqualValues(t, 1, e.claims(t))
+					e.requireSettled(t)
+				})
+			}
+		}
+	}
+}
+
+func TestCrashBetweenCommitAndAck(t *testing.T) {
+	t.Parallel()
+	both(t, func(t *testing.T, batched bool) {
+		// The first ack is skipped; the server redelivers after AckWait.
+		e := setup(t, streams.Consumer{AckWait: time.Second})
+		c := e.consumer(inbox.Config{Batched: batched}, writeEffect)
+		var crashed atomic.Bool
+		c.SetSkipAck(func(event.Envelope) bool { return crashed.CompareAndSwap(false, true) })
+		run(t, c)
+
+		ev := newEvent(t)
+		e.publish(t, ev)
+
+		require.Eventually(t, func() bool { return c.Stats().Duplicates == 1 }, waitFor, tick)
+		require.Equal(t, inbox.Stats{Processed: 1, Duplicates: 1}, c.Stats())
+		require.True(t, crashed.Load())
+		require.EqualValues(t, 1, e.effects(t, ev.ID))
+		e.requireSettled(t)
+	})
+}
+
+func TestHandlerErrorRollsBackAndRedeliveryProcesses(t *testing.T) {
+	t.Parallel()
+	both(t, func(t *testing.T, batched bool) {
+		e := setup(t, streams.Consumer{})
+		evs := []event.Envelope{newEvent(t), newEvent(t), newEvent(t)}
+		target := evs[1]
+
+		var calls atomic.Int32
+		// What the database held of the target, seen from outside the
+		// transaction, when it was delivered again: -1 until then.
+		leftEffects, leftClaims := atomic.Int64{}, atomic.Int64{}
+		leftEffects.Store(-1)
+		leftClaims.Store(-1)
+		h := func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			if ev.ID != target.ID {
+				return writeEffect(ctx, tx, ev)
+			}
+			if calls.Add(1) == 2 {
+				n, err := e.count(ctx, `SELECT count(*) FROM effects WHERE event_id = $1`, ev.ID)
+				if err != nil {
+					return err
+				}
+				leftEffects.Store(n)
+				if n, err = e.count(ctx, `SELECT count(*) FROM processed_events WHERE event_id = $1`, ev.ID); err != nil {
+					return err
+				}
+				leftClaims.Store(n)
+			}
+			if err := writeEffect(ctx, tx, ev); err != nil {
+				return err
+			}
+			if calls.Load() == 1 {
+				return errors.New("transient failure after the business write")
+			}
+			return nil
+		}
+		// Published before the consumer starts, so that a batch holds all.
+		for _, ev := range evs {
+			e.publish(t, ev)
+		}
+		c := e.start(t, inbox.Config{Batched: batched}, h)
+
+		require.Eventually(t, func() bool { return c.Stats().Processed == 3 }, waitFor, tick)
+		require.Equal(t, inbox.Stats{Processed: 3, Retried: 1}, c.Stats())
+		require.EqualValues(t, 2, calls.Load())
+		require.Zero(t, leftEffects.Load(), "the failed attempt's business write was committed")
+		require.Zero(t, leftClaims.Load(), "the failed attempt's inbox row was committed")
+		for _, ev := range evs {
+			require.EqualValues(t, 1, e.effects(t, ev.ID))
+		}
+		require.EqualValues(t, 3, e.claims(t))
+		e.requireSettled(t)
+	})
+}
+
+// TestCommitFailureIsRedelivered fails the first commit of an event: the
+// handler's write violates a deferred foreign key, which PostgreSQL checks
+// only at COMMIT. A consumer that acked before committing would lose it.
+func TestCommitFailureIsRedelivered(t *testing.T) {
+	t.Parallel()
+	both(t, func(t *testing.T, batched bool) {
+		e := setup(t, streams.Consumer{})
+		_, err := e.db.Pool.Exec(t.Context(), `
+			CREATE TABLE parents (id uuid PRIMARY KEY);
+			CREATE TABLE children (
+				parent_id uuid NOT NULL REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED
+			);`)
+		require.NoError(t, err)
+
+		evs := []event.Envelope{newEvent(t), newEvent(t), newEvent(t)}
+		target := evs[1]
+		var targetCalls atomic.Int32
+		h := func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			if err := writeEffect(ctx, tx, ev); err != nil {
+				return err
+			}
+			// The target's first attempt writes a child without its parent.
+			if ev.ID != target.ID || targetCalls.Add(1) > 1 {
+				if _, err := tx.Exec(ctx, `INSERT INTO parents (id) VALUES ($1)`, ev.ID); err != nil {
+					return err
+				}
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO children (parent_id) VALUES ($1)`, ev.ID)
+			return err
+		}
+		for _, ev := range evs {
+			e.publish(t, ev)
+		}
+		c := e.start(t, inbox.Config{Batched: batched}, h)
+
+		require.Eventually(t, func() bool { return c.Stats().Processed == 3 }, waitFor, tick)
+		require.EqualValues(t, 2, targetCalls.Load())
+		require.Positive(t, c.Stats().Retried)
+		require.Zero(t, c.Stats().DeadLettered)
+		for _, ev := range evs {
+			require.EqualValues(t, 1, e.effects(t, ev.ID))
+		}
+		require.EqualValues(t, 3, e.claims(t))
+		e.requireSettled(t)
+	})
+}
+
+func TestPoisonMessagesAreDeadLettered(t *testing.T) {
+	t.Parallel()
+	both(t, func(t *testing.T, batched bool) {
+		e := setup(t, streams.Consumer{})
+		h := func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			// Written first, so that a rejected event shows its rollback.
+			if err := writeEffect(ctx, tx, ev); err != nil {
+				return err
+			}
+			var p event.OrderPlacedV1
+			if err := ev.Decode(&p); err != nil {
+				return err // wraps event.ErrInvalid: permanent
+			}
+			if p.CustomerID == "mallory" {
+				return inbox.Permanent(errors.New("customer is blocked"))
+			}
+			return nil
+		}
+
+		var valid []event.Envelope
+		poison := map[uint64]string{} // stream seq → what the reason must say
+		publish := func(ev event.Envelope, mutate func(*nats.Msg), reason string) {
+			msg := msgOf(t, ev, "")
+			if mutate == nil {
+				valid = append(valid, ev)
+			} else {
+				mutate(msg)
+			}
+			ack, err := e.js.PublishMsg(t.Context(), msg)
+			require.NoError(t, err)
+			if mutate != nil {
+				poison[ack.Sequence] = reason
+			}
+		}
+		publish(newEvent(t), nil, "")
+		publish(newEvent(t), func(m *nats.Msg) { m.Header.Del(event.HeaderSpecVersion) }, "specversion")
+		publish(newEvent(t), func(m *nats.Msg) { m.Header.Set(event.HeaderID, "not-a-uuid") }, "id")
+		publish(newEvent(t), func(m *nats.Msg) { m.Header.Set(event.HeaderType, "onceflow.nope.v1") }, "unknown type")
+		publish(newEvent(t), func(m *nats.Msg) { m.Header.Set(event.HeaderTime, "yesterday") }, "time")
+		publish(newEvent(t), func(m *nats.Msg) { m.Data = nil }, "missing data")
+		publish(newEvent(t), func(m *nats.Msg) { m.Data = []byte(`{"order_id":`) }, "decode payload")
+		publish(newEvent(t), func(m *nats.Msg) {
+			m.Data = []byte(`{"order_id":"` + uuid.NewString() + `","customer_id":"c","lines":[{"sku":"s","quantity":1,"unit_price_cents":5}],"total_cents":6}`)
+		}, "does not match")
+		mallory := newEvent(t)
+		mallory.Data = []byte(`{"order_id":"` + uuid.NewString() + `","customer_id":"mallory","lines":[{"sku":"s","quantity":1,"unit_price_cents":5}],"total_cents":5}`)
+		publish(mallory, func(*nats.Msg) {}, "customer is blocked")
+		publish(newEvent(t), nil, "")
+		publish(newEvent(t), nil, "")
+
+		c := e.start(t, inbox.Config{Batched: batched}, h)
+		require.Eventually(t, func() bool {
+			s := c.Stats()
+			return s.Processed == int64(len(valid)) && s.DeadLettered == int64(len(poison))
+		}, waitFor, tick)
+		require.Zero(t, c.Stats().Retried, "a poison message was retried")
+		e.requireSettled(t)
+
+		for _, ev := range valid {
+			require.EqualValues(t, 1, e.effects(t, ev.ID))
+		}
+		n, err := e.count(t.Context(), `SELECT count(*) FROM effects`)
+		require.NoError(t, err)
+		require.EqualValues(t, len(valid), n, "a rejected event's write was committed")
+		require.EqualValues(t, len(valid), e.claims(t))
+
+		dlq := e.dlqMsgs(t)
+		require.Len(t, dlq, len(poison))
+		s, err := e.js.Stream(t.Context(), testStream)
+		require.NoError(t, err)
+		for _, d := range dlq {
+			seq := parseSeq(t, d.Header.Get(inbox.HeaderDLQStreamSeq))
+			want, ok := poison[seq]
+			require.True(t, ok, "stream seq %d was dead-lettered but is not poison", seq)
+			reason := requireDeadLetter(t, d, seq, 1)
+			require.Contains(t, reason, want)
+			orig, err := s.GetMsg(t.Context(), seq)
+			require.NoError(t, err)
+			require.Equal(t, orig.Data, d.Data, "the DLQ copy's body")
+			require.Equal(t, orig.Subject, d.Header.Get(inbox.HeaderDLQSubject))
+			for k := range orig.Header {
+				if !strings.HasPrefix(k, "Nats-") {
+					require.Equal(t, orig.Header[k], d.Header[k], "header %s", k)
+				}
+			}
+		}
+	})
+}
+
+func TestMaxDeliverExhaustionIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	both(t, func(t *testing.T, batched bool) {
+		const maxDeliver = 3
+		e := setup(t, streams.Consumer{MaxDeliver: maxDeliver})
+		var calls atomic.Int32
+		c := e.start(t, inbox.Config{Batched: batched}, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			calls.Add(1)
+			if err := writeEffect(ctx, tx, ev); err != nil {
+				return err
+			}
+			return errors.New("the ledger is locked")
+		})
+		ev := newEvent(t)
+		e.publish(t, ev)
+
+		require.Eventually(t, func() bool { return c.Stats().DeadLettered == 1 }, waitFor, tick)
+		require.Equal(t, inbox.Stats{DeadLettered: 1, Retried: maxDeliver - 1}, c.Stats())
+		require.EqualValues(t, maxDeliver, calls.Load())
+		require.Zero(t, e.effects(t, ev.ID))
+		require.Zero(t, e.claims(t))
+		e.requireSettled(t)
+
+		dlq := e.dlqMsgs(t)
+		require.Len(t, dlq, 1)
+		reason := requireDeadLetter(t, dlq[0], 1, maxDeliver)
+		require.Contains(t, reason, "the ledger is locked")
+		require.Equal(t, ev.ID.String(), dlq[0].Header.Get(event.HeaderID))
+	})
+}
+
+func TestEventsBeyondRetentionAreDeadLettered(t *testing.T) {
+	t.Parallel()
+	both(t, func(t *testing.T, batched bool) {
+		e := setup(t, streams.Consumer{})
+		var mu sync.Mutex
+		handled := map[uuid.UUID]int{}
+		c := e.start(t, inbox.Config{Batched: batched, Retention: time.Hour}, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			mu.Lock()
+			handled[ev.ID]++
+			mu.Unlock()
+			return writeEffect(ctx, tx, ev)
+		})
+		old := newEvent(t)
+		old.Time = time.Now().Add(-2 * time.Hour)
+		fresh := newEvent(t)
+		e.publish(t, old)
+		e.publish(t, fresh)
+
+		require.Eventually(t, func() bool {
+			s := c.Stats()
+			return s.Processed == 1 && s.DeadLettered == 1
+		}, waitFor, tick)
+		mu.Lock()
+		require.Equal(t, map[uuid.UUID]int{fresh.ID: 1}, handled, "the handler saw the old event")
+		mu.Unlock()
+		require.Zero(t, e.effects(t, old.ID))
+		e.requireSettled(t)
+
+		dlq := e.dlqMsgs(t)
+		require.Len(t, dlq, 1)
+		require.Contains(t, requireDeadLetter(t, dlq[0], 1, 1), "retention")
+		require.Equal(t, old.ID.String(), dlq[0].Header.Get(event.HeaderID))
+	})
+}
+
+func TestDatabaseOutageLosesNothing(t *testing.T) {
+	t.Parallel()
+	both(t, func(t *testing.T, batched bool) {
+		const events = 300
+		// Enough deliveries to ride out the outages: none may be dead-lettered.
+		e := setup(t, streams.Consumer{MaxDeliver: 100})
+		c := e.start(t, inbox.Config{Batched: batched, BatchSize: 16, Workers: 2},
+			func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+				if err := writeEffect(ctx, tx, ev); err != nil {
+					return err
+				}
+				// Slow enough that the outages hit transactions in flight.
+				_, err := tx.Exec(ctx, `SELECT pg_sleep(0.002)`)
+				return err
+			})
+		for range events {
+			e.publish(t, newEvent(t))
+		}
+
+		// Cut every connection each time another part of the work is done.
+		ctx := t.Context()
+		outages := 0
+		for _, done := range []int64{events / 5, 2 * events / 5, 3 * events / 5, 4 * events / 5} {
+			require.Eventually(t, func() bool { return c.Stats().Processed >= done }, waitFor, time.Millisecond)
+			require.NoError(t, e.db.TerminateBackends(ctx))
+			outages++
+		}
+
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			n, err := e.count(ctx, `SELECT count(DISTINCT event_id) FROM effects`)
+			require.NoError(c, err)
+			assert.EqualValues(c, events, n)
+		}, waitFor, tick)
+		e.requireSettled(t)
+		n, err := e.count(ctx, `SELECT count(*) FROM effects`)
+		require.NoError(t, err)
+		require.EqualValues(t, events, n, "an effect was applied twice")
+		require.EqualValues(t, events, e.claims(t))
+		// A commit whose reply the outage cut off counts as a failure, and its
+		// redelivery as a duplicate.
+		s := c.Stats()
+		require.Zero(t, s.DeadLettered)
+		require.GreaterOrEqual(t, s.Processed+s.Duplicates, int64(events))
+		t.Logf("%d outages: %+v", outages, s)
+	})
+}
+
+func TestGracefulStopFinishesInFlight(t *testing.T) {
+	t.Parallel()
+	both(t, func(t *testing.T, batched bool) {
+		e := setup(t, streams.Consumer{})
+		started, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		c := e.consumer(inbox.Config{Batched: batched}, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			once.Do(func() { close(started) })
+			<-release
+			// Run's context is canceled by now; the handler's is not.
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			return writeEffect(ctx, tx, ev)
+		})
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- c.Run(ctx) }()
+
+		ev := newEvent(t)
+		e.publish(t, ev)
+		select {
+		case <-started:
+		case <-time.After(waitFor):
+			t.Fatal("the handler was not called")
+		}
+		cancel()
+		require.Never(t, func() bool { return len(done) > 0 }, 300*time.Millisecond, tick,
+			"Run returned while a handler was running")
+		close(release)
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(waitFor):
+			t.Fatal("Run did not return")
+		}
+
+		// Committed and acked before Run returned.
+		require.EqualValues(t, 1, e.effects(t, ev.ID))
+		require.Equal(t, inbox.Stats{Processed: 1}, c.Stats())
+		e.requireSettled(t)
+	})
+}
+
+func TestRunFailsWithoutTheDurable(t *testing.T) {
+	t.Parallel()
+	e := setup(t, streams.Consumer{})
+	c := inbox.New(e.db.Pool, e.js, inbox.Config{Stream: testStream, Durable: "missing"}, writeEffect, e.logger)
+	err := c.Run(t.Context())
+	require.ErrorIs(t, err, jetstream.ErrConsumerNotFound)
+}
+
+func TestPermanent(t *testing.T) {
+	t.Parallel()
+	base := errors.New("no such wallet")
+	err := inbox.Permanent(base)
+	require.ErrorIs(t, err, inbox.ErrPermanent)
+	require.ErrorIs(t, err, base)
+	require.NoError(t, inbox.Permanent(nil))
+}
