@@ -78,8 +78,8 @@ type Config struct {
 	// FetchWait is how long a fetch waits for messages (default 1s). It
 	// bounds how long Run takes to stop.
 	FetchWait time.Duration
-	// NakDelay is how long a failed message waits before its redelivery
-	// (default 1s).
+	// NakDelay is how long a failed message waits before its first
+	// redelivery (default 1s); it doubles with every delivery, up to a minute.
 	NakDelay time.Duration
 	// Retention must be the Cleaner's retention (default DefaultRetention).
 	// An older event may have lost its processed_events row, so it is
@@ -199,34 +199,58 @@ func (c *Consumer) fetchLoop(ctx context.Context, cons jetstream.Consumer) error
 	// not see the cancellation, or a graceful stop would become a crash.
 	work := context.WithoutCancel(ctx)
 	for ctx.Err() == nil {
-		batch, err := cons.Fetch(c.cfg.BatchSize, jetstream.FetchMaxWait(c.cfg.FetchWait))
+		msgs, err := c.fetch(cons)
 		if err != nil {
 			if errors.Is(err, nats.ErrConnectionClosed) {
 				return fmt.Errorf("fetch from %s: %w", c.cfg.Durable, err)
 			}
 			c.logger.WarnContext(ctx, "fetch failed", "err", err)
 			sleep(ctx, c.cfg.FetchWait)
-			continue
 		}
-		if c.cfg.Batched {
-			var msgs []jetstream.Msg
-			for msg := range batch.Messages() {
-				msgs = append(msgs, msg)
-			}
-			if len(msgs) > 0 {
-				c.processBatch(work, msgs)
-			}
-		} else {
-			for msg := range batch.Messages() {
+		switch {
+		case len(msgs) == 0:
+		case c.cfg.Batched:
+			c.processBatch(work, msgs)
+		default:
+			for _, msg := range msgs {
 				c.processMsg(work, msg)
 			}
 		}
-		if err := batch.Error(); err != nil {
-			c.logger.WarnContext(ctx, "fetch ended with an error", "err", err)
-			sleep(ctx, c.cfg.FetchWait)
-		}
 	}
 	return nil
+}
+
+// fetch returns up to BatchSize messages as soon as at least one is there.
+// A plain Fetch(BatchSize) would wait for a full batch or for FetchWait,
+// adding up to FetchWait to every saga hop under light load; instead it takes
+// what is waiting, and only when nothing is, waits for one message and then
+// takes what arrived with it.
+func (c *Consumer) fetch(cons jetstream.Consumer) ([]jetstream.Msg, error) {
+	msgs, err := collect(cons.FetchNoWait(c.cfg.BatchSize))
+	if len(msgs) > 0 || err != nil {
+		return msgs, err
+	}
+	if msgs, err = collect(cons.Fetch(1, jetstream.FetchMaxWait(c.cfg.FetchWait))); len(msgs) == 0 || err != nil {
+		return msgs, err
+	}
+	if c.cfg.BatchSize == 1 {
+		return msgs, nil
+	}
+	more, err := collect(cons.FetchNoWait(c.cfg.BatchSize - 1))
+	return append(msgs, more...), err
+}
+
+// collect drains a fetched batch. Messages received before an error are
+// returned with it: they were delivered and must be processed.
+func collect(batch jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
+	if err != nil {
+		return nil, err
+	}
+	var msgs []jetstream.Msg
+	for msg := range batch.Messages() {
+		msgs = append(msgs, msg)
+	}
+	return msgs, batch.Error()
 }
 
 // sleep waits for d or until ctx is done.

@@ -297,10 +297,23 @@ func (c *Consumer) settle(ctx context.Context, d *delivery) {
 
 func (c *Consumer) nak(ctx context.Context, d *delivery) {
 	c.retried.Add(1)
-	if err := d.msg.NakWithDelay(c.cfg.NakDelay); err != nil {
+	if err := d.msg.NakWithDelay(nakDelay(c.cfg.NakDelay, d.meta.NumDelivered)); err != nil {
 		c.logger.WarnContext(ctx, "nak failed; the message will be redelivered after the ack wait",
 			"stream_seq", d.meta.Sequence.Stream, "err", err)
 	}
+}
+
+// maxNakDelay caps the exponential redelivery delay.
+const maxNakDelay = time.Minute
+
+// nakDelay doubles base with every delivery, up to maxNakDelay, so that a
+// failing dependency is not hammered while it recovers.
+func nakDelay(base time.Duration, delivered uint64) time.Duration {
+	d := base
+	for i := uint64(1); i < delivered && d < maxNakDelay; i++ {
+		d *= 2
+	}
+	return min(d, maxNakDelay)
 }
 
 // deadLetter copies d's message to the DLQ with the reason, then terminates
