@@ -55,7 +55,7 @@ type Reservation struct {
 type ReservationLine struct {
 	OrderID  uuid.UUID
 	Sku      string
-	Quantity int32
+	Quantity int64
 }
 
 type Stock struct {

@@ -9,6 +9,28 @@ import (
 	"context"
 )
 
+const decrementStock = `-- name: DecrementStock :execrows
+UPDATE stock
+SET available = stock.available - want.quantity, updated_at = now()
+FROM (SELECT unnest($1::text[]) AS sku, unnest($2::bigint[]) AS quantity) AS want
+WHERE stock.sku = want.sku AND stock.available >= want.quantity
+`
+
+type DecrementStockParams struct {
+	Skus       []string
+	Quantities []int64
+}
+
+// Takes quantities[i] from skus[i], each only if it is available; the caller
+// compares the rows affected with len(skus).
+func (q *Queries) DecrementStock(ctx context.Context, db DBTX, arg DecrementStockParams) (int64, error) {
+	result, err := db.Exec(ctx, decrementStock, arg.Skus, arg.Quantities)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const getStock = `-- name: GetStock :one
 SELECT sku, available, updated_at
 FROM stock
@@ -19,5 +41,68 @@ func (q *Queries) GetStock(ctx context.Context, db DBTX, sku string) (Stock, err
 	row := db.QueryRow(ctx, getStock, sku)
 	var i Stock
 	err := row.Scan(&i.Sku, &i.Available, &i.UpdatedAt)
+	return i, err
+}
+
+const lockStock = `-- name: LockStock :many
+SELECT sku, available
+FROM stock
+WHERE sku = ANY ($1::text[])
+ORDER BY sku
+FOR UPDATE
+`
+
+type LockStockRow struct {
+	Sku       string
+	Available int64
+}
+
+// The stock rows of skus that exist, locked in SKU order: two orders over
+// overlapping SKUs then take their locks in the same order and cannot
+// deadlock. (The lock step runs after the sort, so rows are locked in the
+// order they are returned.)
+func (q *Queries) LockStock(ctx context.Context, db DBTX, skus []string) ([]LockStockRow, error) {
+	rows, err := db.Query(ctx, lockStock, skus)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []LockStockRow{}
+	for rows.Next() {
+		var i LockStockRow
+		if err := rows.Scan(&i.Sku, &i.Available); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const setStock = `-- name: SetStock :one
+INSERT INTO stock (sku, available)
+VALUES ($1, $2)
+ON CONFLICT (sku) DO UPDATE
+SET available = excluded.available, updated_at = now()
+RETURNING sku, available
+`
+
+type SetStockParams struct {
+	Sku       string
+	Available int64
+}
+
+type SetStockRow struct {
+	Sku       string
+	Available int64
+}
+
+// Sets the absolute level of a SKU, creating it if it is new.
+func (q *Queries) SetStock(ctx context.Context, db DBTX, arg SetStockParams) (SetStockRow, error) {
+	row := db.QueryRow(ctx, setStock, arg.Sku, arg.Available)
+	var i SetStockRow
+	err := row.Scan(&i.Sku, &i.Available)
 	return i, err
 }
