@@ -34,9 +34,6 @@ WHERE (consumer, event_id) IN (
     LIMIT @max_rows
 );
 
--- name: CountProcessed :one
-SELECT count(*) FROM processed_events WHERE consumer = @consumer;
-
 -- name: UnclaimEvent :exec
 -- Releases a claim that ClaimEvents took in this transaction when the
 -- event's handler failed under its savepoint: without it the commit would

@@ -95,17 +95,6 @@ func (q *Queries) ClaimEvents(ctx context.Context, db DBTX, arg ClaimEventsParam
 	return items, nil
 }
 
-const countProcessed = `-- name: CountProcessed :one
-SELECT count(*) FROM processed_events WHERE consumer = $1
-`
-
-func (q *Queries) CountProcessed(ctx context.Context, db DBTX, consumer string) (int64, error) {
-	row := db.QueryRow(ctx, countProcessed, consumer)
-	var count int64
-	err := row.Scan(&count)
-	return count, err
-}
-
 const deleteProcessedBefore = `-- name: DeleteProcessedBefore :execrows
 DELETE FROM processed_events
 WHERE (consumer, event_id) IN (
