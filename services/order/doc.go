@@ -1,7 +1,17 @@
-// Package order owns orders and their saga state. POST /orders writes the
-// order (PENDING) and an OrderPlaced outbox row in one transaction; the
-// payment and stock events move it to PAID, CONFIRMED, REJECTED or CANCELLED.
+// Package order owns orders and their saga state.
 //
-// Its database schema is db/migrations/order; its handlers and HTTP API
-// arrive with the services issue.
+// POST /orders writes the order (PENDING), its lines and an OrderPlaced
+// outbox row in one transaction, under the request's Idempotency-Key, so a
+// retried request places the order once. The payment and stock events then
+// move it to PAID, CONFIRMED, REJECTED or CANCELLED; on reaching a terminal
+// state it emits OrderConfirmed, OrderRejected or OrderCancelled in the same
+// transaction.
+//
+// Events may arrive late, twice or out of order (a StockReserved can be
+// processed before the PaymentDebited it follows). Each handler locks the
+// order row first, so events of one order apply one at a time; transitions
+// only ever move forward (PENDING < PAID < a terminal state) and never out of
+// a terminal state, so a terminal event is emitted exactly once; and every
+// event is recorded once in the order's timeline, whether or not it changed
+// the status.
 package order

@@ -1,4 +1,46 @@
+-- name: InsertOrder :one
+INSERT INTO orders (id, customer_id, customer_email, status, total_cents)
+VALUES (@id, @customer_id, @customer_email, 'PENDING', @total_cents)
+RETURNING id, customer_id, customer_email, status, total_cents, created_at, updated_at;
+
+-- name: InsertOrderLines :exec
+-- Writes the lines of one order in one statement; the arrays are parallel.
+INSERT INTO order_lines (order_id, line_no, sku, quantity, unit_price_cents)
+SELECT @order_id::uuid,
+    unnest(@line_nos::integer[]),
+    unnest(@skus::text[]),
+    unnest(@quantities::integer[]),
+    unnest(@unit_prices_cents::bigint[]);
+
 -- name: GetOrder :one
 SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
 FROM orders
 WHERE id = @id;
+
+-- name: LockOrder :one
+-- The order, locked for the rest of the transaction: the saga's events for
+-- one order are applied one at a time, and the events they cause enter the
+-- outbox in that order.
+SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
+FROM orders
+WHERE id = @id
+FOR UPDATE;
+
+-- name: SetOrderStatus :exec
+UPDATE orders
+SET status = @status, updated_at = now()
+WHERE id = @id;
+
+-- name: ListCustomerOrders :many
+-- A customer's orders, newest first.
+SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
+FROM orders
+WHERE customer_id = @customer_id
+ORDER BY created_at DESC, id DESC
+LIMIT @max_rows;
+
+-- name: ListOrderLines :many
+SELECT order_id, sku, quantity, unit_price_cents
+FROM order_lines
+WHERE order_id = ANY (@order_ids::uuid[])
+ORDER BY order_id, line_no;

@@ -45,6 +45,7 @@ type OrderTimeline struct {
 	EventID   uuid.UUID
 	EventType string
 	At        time.Time
+	Reason    string
 }
 
 type Outbox struct {

@@ -31,3 +31,187 @@ func (q *Queries) GetOrder(ctx context.Context, db DBTX, id uuid.UUID) (Order, e
 	)
 	return i, err
 }
+
+const insertOrder = `-- name: InsertOrder :one
+INSERT INTO orders (id, customer_id, customer_email, status, total_cents)
+VALUES ($1, $2, $3, 'PENDING', $4)
+RETURNING id, customer_id, customer_email, status, total_cents, created_at, updated_at
+`
+
+type InsertOrderParams struct {
+	ID            uuid.UUID
+	CustomerID    string
+	CustomerEmail string
+	TotalCents    int64
+}
+
+func (q *Queries) InsertOrder(ctx context.Context, db DBTX, arg InsertOrderParams) (Order, error) {
+	row := db.QueryRow(ctx, insertOrder,
+		arg.ID,
+		arg.CustomerID,
+		arg.CustomerEmail,
+		arg.TotalCents,
+	)
+	var i Order
+	err := row.Scan(
+		&i.ID,
+		&i.CustomerID,
+		&i.CustomerEmail,
+		&i.Status,
+		&i.TotalCents,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+	)
+	return i, err
+}
+
+const insertOrderLines = `-- name: InsertOrderLines :exec
+INSERT INTO order_lines (order_id, line_no, sku, quantity, unit_price_cents)
+SELECT $1::uuid,
+    unnest($2::integer[]),
+    unnest($3::text[]),
+    unnest($4::integer[]),
+    unnest($5::bigint[])
+`
+
+type InsertOrderLinesParams struct {
+	OrderID         uuid.UUID
+	LineNos         []int32
+	Skus            []string
+	Quantities      []int32
+	UnitPricesCents []int64
+}
+
+// Writes the lines of one order in one statement; the arrays are parallel.
+func (q *Queries) InsertOrderLines(ctx context.Context, db DBTX, arg InsertOrderLinesParams) error {
+	_, err := db.Exec(ctx, insertOrderLines,
+		arg.OrderID,
+		arg.LineNos,
+		arg.Skus,
+		arg.Quantities,
+		arg.UnitPricesCents,
+	)
+	return err
+}
+
+const listCustomerOrders = `-- name: ListCustomerOrders :many
+SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
+FROM orders
+WHERE customer_id = $1
+ORDER BY created_at DESC, id DESC
+LIMIT $2
+`
+
+type ListCustomerOrdersParams struct {
+	CustomerID string
+	MaxRows    int32
+}
+
+// A customer's orders, newest first.
+func (q *Queries) ListCustomerOrders(ctx context.Context, db DBTX, arg ListCustomerOrdersParams) ([]Order, error) {
+	rows, err := db.Query(ctx, listCustomerOrders, arg.CustomerID, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Order{}
+	for rows.Next() {
+		var i Order
+		if err := rows.Scan(
+			&i.ID,
+			&i.CustomerID,
+			&i.CustomerEmail,
+			&i.Status,
+			&i.TotalCents,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const listOrderLines = `-- name: ListOrderLines :many
+SELECT order_id, sku, quantity, unit_price_cents
+FROM order_lines
+WHERE order_id = ANY ($1::uuid[])
+ORDER BY order_id, line_no
+`
+
+type ListOrderLinesRow struct {
+	OrderID        uuid.UUID
+	Sku            string
+	Quantity       int32
+	UnitPriceCents int64
+}
+
+func (q *Queries) ListOrderLines(ctx context.Context, db DBTX, orderIds []uuid.UUID) ([]ListOrderLinesRow, error) {
+	rows, err := db.Query(ctx, listOrderLines, orderIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ListOrderLinesRow{}
+	for rows.Next() {
+		var i ListOrderLinesRow
+		if err := rows.Scan(
+			&i.OrderID,
+			&i.Sku,
+			&i.Quantity,
+			&i.UnitPriceCents,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const lockOrder = `-- name: LockOrder :one
+SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
+FROM orders
+WHERE id = $1
+FOR UPDATE
+`
+
+// The order, locked for the rest of the transaction: the saga's events for
+// one order are applied one at a time, and the events they cause enter the
+// outbox in that order.
+func (q *Queries) LockOrder(ctx context.Context, db DBTX, id uuid.UUID) (Order, error) {
+	row := db.QueryRow(ctx, lockOrder, id)
+	var i Order
+	err := row.Scan(
+		&i.ID,
+		&i.CustomerID,
+		&i.CustomerEmail,
+		&i.Status,
+		&i.TotalCents,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+	)
+	return i, err
+}
+
+const setOrderStatus = `-- name: SetOrderStatus :exec
+UPDATE orders
+SET status = $1, updated_at = now()
+WHERE id = $2
+`
+
+type SetOrderStatusParams struct {
+	Status string
+	ID     uuid.UUID
+}
+
+func (q *Queries) SetOrderStatus(ctx context.Context, db DBTX, arg SetOrderStatusParams) error {
+	_, err := db.Exec(ctx, setOrderStatus, arg.Status, arg.ID)
+	return err
+}

@@ -1,0 +1,21 @@
+-- name: RecordTimeline :execrows
+-- Records an event in the order's timeline unless it is there already: no
+-- row affected means the event was seen before.
+INSERT INTO order_timeline (order_id, event_id, event_type, at, reason)
+VALUES (@order_id, @event_id, @event_type, @at, @reason)
+ON CONFLICT (order_id, event_id) DO NOTHING;
+
+-- name: ListTimeline :many
+SELECT order_id, event_id, event_type, at
+FROM order_timeline
+WHERE order_id = ANY (@order_ids::uuid[])
+ORDER BY order_id, at, event_id;
+
+-- name: FirstTimelineReason :one
+-- The reason of the order's first event of one type, e.g. why stock was
+-- refused when the refund that follows it cancels the order.
+SELECT reason
+FROM order_timeline
+WHERE order_id = @order_id AND event_type = @event_type
+ORDER BY at, event_id
+LIMIT 1;

@@ -1,0 +1,303 @@
+package order
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/mail"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/labstack/echo/v4"
+
+	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/httpapi"
+	"github.com/onceflow/onceflow/internal/outbox"
+	"github.com/onceflow/onceflow/services/order/internal/dbsqlc"
+)
+
+//go:embed openapi.yaml
+var openAPI []byte
+
+// Limits of one order. They keep a request far from the body size limit and
+// the database's integer ranges; a total that overflows is refused as well.
+const (
+	MaxItems    = 100
+	MaxQuantity = 1_000_000
+	// maxEmailLength is RFC 5321's limit on a path.
+	maxEmailLength = 254
+)
+
+// Bounds of GET /orders.
+const (
+	DefaultListLimit = 50
+	MaxListLimit     = 500
+)
+
+// Order is an order as the API shows it.
+type Order struct {
+	ID            uuid.UUID `json:"id"`
+	CustomerID    string    `json:"customer_id"`
+	CustomerEmail string    `json:"customer_email"`
+	Status        string    `json:"status"`
+	TotalCents    int64     `json:"total_cents"`
+	Items         []Item    `json:"items"`
+	// Timeline is every saga event of the order, once, in event time order.
+	Timeline  []TimelineEntry `json:"timeline"`
+	CreatedAt time.Time       `json:"created_at"`
+	UpdatedAt time.Time       `json:"updated_at"`
+}
+
+// Item is one line of an order.
+type Item struct {
+	SKU            string `json:"sku"`
+	Quantity       int32  `json:"quantity"`
+	UnitPriceCents int64  `json:"unit_price_cents"`
+}
+
+// TimelineEntry is one event in an order's timeline.
+type TimelineEntry struct {
+	Type    event.Type `json:"type"`
+	EventID uuid.UUID  `json:"event_id"`
+	At      time.Time  `json:"at"`
+}
+
+// OrderList is the response of GET /orders: an object rather than a bare
+// array, so that it can grow (e.g. a cursor) without breaking clients.
+type OrderList struct {
+	Orders []Order `json:"orders"`
+}
+
+type placeRequest struct {
+	CustomerID    string        `json:"customer_id"`
+	CustomerEmail string        `json:"customer_email"`
+	Items         []itemRequest `json:"items"`
+}
+
+type itemRequest struct {
+	SKU      string `json:"sku"`
+	Quantity int64  `json:"quantity"`
+	// A pointer, so that a missing price is refused rather than taken as 0.
+	UnitPriceCents *int64 `json:"unit_price_cents"`
+}
+
+// Routes registers the order API.
+func (s *Service) Routes(e *echo.Echo) {
+	e.GET("/openapi.yaml", func(c echo.Context) error { return c.Blob(http.StatusOK, "application/yaml", openAPI) })
+	e.POST("/orders", s.place)
+	e.GET("/orders", s.list)
+	e.GET("/orders/:id", s.get)
+}
+
+func (s *Service) place(c echo.Context) error {
+	body, err := httpapi.ReadBody(c)
+	if err != nil {
+		return err
+	}
+	var req placeRequest
+	if err := httpapi.Decode(body, &req); err != nil {
+		return err
+	}
+	lines, total, err := req.validate()
+	if err != nil {
+		return err
+	}
+	return httpapi.Idempotent(c, s.idem, body, func(ctx context.Context, tx pgx.Tx) (int, any, error) {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return 0, nil, fmt.Errorf("new order id: %w", err)
+		}
+		o, err := s.queries.InsertOrder(ctx, tx, dbsqlc.InsertOrderParams{
+			ID:            id,
+			CustomerID:    req.CustomerID,
+			CustomerEmail: req.CustomerEmail,
+			TotalCents:    total,
+		})
+		if err != nil {
+			return 0, nil, fmt.Errorf("insert order: %w", err)
+		}
+		params := dbsqlc.InsertOrderLinesParams{OrderID: o.ID}
+		for i, l := range lines {
+			params.LineNos = append(params.LineNos, int32(i+1))
+			params.Skus = append(params.Skus, l.SKU)
+			params.Quantities = append(params.Quantities, l.Quantity)
+			params.UnitPricesCents = append(params.UnitPricesCents, l.UnitPriceCents)
+		}
+		if err := s.queries.InsertOrderLines(ctx, tx, params); err != nil {
+			return 0, nil, fmt.Errorf("insert lines of order %s: %w", o.ID, err)
+		}
+		ev, err := event.New(Name, event.OrderPlaced, o.ID.String(), event.OrderPlacedV1{
+			Order:      event.Order{OrderID: o.ID, CustomerID: o.CustomerID, CustomerEmail: o.CustomerEmail},
+			Lines:      lines,
+			TotalCents: total,
+		})
+		if err != nil {
+			return 0, nil, err
+		}
+		if err := outbox.Enqueue(ctx, tx, ev); err != nil {
+			return 0, nil, err
+		}
+		if _, err := s.record(ctx, tx, o.ID, ev, ""); err != nil {
+			return 0, nil, err
+		}
+		// Read back as GET shows it, so that the stored response and a later
+		// GET agree to the microsecond.
+		orders, err := s.views(ctx, tx, []dbsqlc.Order{o})
+		if err != nil {
+			return 0, nil, err
+		}
+		return http.StatusCreated, orders[0], nil
+	})
+}
+
+// validate checks everything about the request that does not need the
+// database, and returns its lines and total.
+func (r placeRequest) validate() (event.Lines, int64, error) {
+	if err := httpapi.CheckID("customer_id", r.CustomerID); err != nil {
+		return nil, 0, err
+	}
+	if r.CustomerEmail != "" {
+		addr, err := mail.ParseAddress(r.CustomerEmail)
+		// Only a bare address: it is what notify sends to.
+		if err != nil || addr.Name != "" || addr.Address != r.CustomerEmail || len(r.CustomerEmail) > maxEmailLength {
+			return nil, 0, httpapi.BadRequest("customer_email %q is not a plain e-mail address", r.CustomerEmail)
+		}
+	}
+	if len(r.Items) == 0 || len(r.Items) > MaxItems {
+		return nil, 0, httpapi.BadRequest("items must have 1 to %d lines", MaxItems)
+	}
+	lines := make(event.Lines, len(r.Items))
+	skus := make(map[string]bool, len(r.Items))
+	for i, it := range r.Items {
+		if err := httpapi.CheckID(fmt.Sprintf("items[%d].sku", i), it.SKU); err != nil {
+			return nil, 0, err
+		}
+		// One line per SKU: inventory reserves per line, and two lines of
+		// one SKU are a client mistake more often than an intent.
+		if skus[it.SKU] {
+			return nil, 0, httpapi.BadRequest("items[%d].sku %q appears twice", i, it.SKU)
+		}
+		skus[it.SKU] = true
+		if it.Quantity < 1 || it.Quantity > MaxQuantity {
+			return nil, 0, httpapi.BadRequest("items[%d].quantity must be between 1 and %d", i, MaxQuantity)
+		}
+		if it.UnitPriceCents == nil || *it.UnitPriceCents < 0 {
+			return nil, 0, httpapi.BadRequest("items[%d].unit_price_cents is required and must not be negative", i)
+		}
+		lines[i] = event.OrderLine{SKU: it.SKU, Quantity: int32(it.Quantity), UnitPriceCents: *it.UnitPriceCents}
+	}
+	total, err := lines.Total()
+	if err != nil {
+		return nil, 0, httpapi.BadRequest("the order's total is too large: %v", err)
+	}
+	return lines, total, nil
+}
+
+func (s *Service) get(c echo.Context) error {
+	id, err := httpapi.PathUUID(c, "id")
+	if err != nil {
+		return err
+	}
+	var orders []Order
+	err = s.read(c.Request().Context(), func(ctx context.Context, tx pgx.Tx) error {
+		o, err := s.queries.GetOrder(ctx, tx, id)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return httpapi.NotFound("order %s does not exist", id)
+		case err != nil:
+			return fmt.Errorf("get order %s: %w", id, err)
+		}
+		orders, err = s.views(ctx, tx, []dbsqlc.Order{o})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, orders[0])
+}
+
+func (s *Service) list(c echo.Context) error {
+	customerID := c.QueryParam("customer_id")
+	if err := httpapi.CheckID("customer_id", customerID); err != nil {
+		return err
+	}
+	limit := DefaultListLimit
+	if v := c.QueryParam("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxListLimit {
+			return httpapi.BadRequest("limit must be an integer between 1 and %d", MaxListLimit)
+		}
+		limit = n
+	}
+	var orders []Order
+	err := s.read(c.Request().Context(), func(ctx context.Context, tx pgx.Tx) error {
+		rows, err := s.queries.ListCustomerOrders(ctx, tx, dbsqlc.ListCustomerOrdersParams{
+			CustomerID: customerID,
+			MaxRows:    int32(limit),
+		})
+		if err != nil {
+			return fmt.Errorf("list orders of %s: %w", customerID, err)
+		}
+		orders, err = s.views(ctx, tx, rows)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, OrderList{Orders: orders})
+}
+
+// read runs fn in a read-only snapshot, so that an order's status, items
+// and timeline are read as of one moment even while events change them.
+func (s *Service) read(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		return fn(ctx, tx)
+	})
+}
+
+// views completes orders with their items and timelines, in two queries
+// whatever their number.
+func (s *Service) views(ctx context.Context, db dbsqlc.DBTX, rows []dbsqlc.Order) ([]Order, error) {
+	ids := make([]uuid.UUID, len(rows))
+	orders := make([]Order, len(rows))
+	byID := make(map[uuid.UUID]*Order, len(rows))
+	for i, r := range rows {
+		ids[i] = r.ID
+		orders[i] = Order{
+			ID:            r.ID,
+			CustomerID:    r.CustomerID,
+			CustomerEmail: r.CustomerEmail,
+			Status:        r.Status,
+			TotalCents:    r.TotalCents,
+			Items:         []Item{},
+			Timeline:      []TimelineEntry{},
+			CreatedAt:     r.CreatedAt.UTC(),
+			UpdatedAt:     r.UpdatedAt.UTC(),
+		}
+		byID[r.ID] = &orders[i]
+	}
+	if len(rows) == 0 {
+		return orders, nil
+	}
+	lines, err := s.queries.ListOrderLines(ctx, db, ids)
+	if err != nil {
+		return nil, fmt.Errorf("list order lines: %w", err)
+	}
+	for _, l := range lines {
+		o := byID[l.OrderID]
+		o.Items = append(o.Items, Item{SKU: l.Sku, Quantity: l.Quantity, UnitPriceCents: l.UnitPriceCents})
+	}
+	timeline, err := s.queries.ListTimeline(ctx, db, ids)
+	if err != nil {
+		return nil, fmt.Errorf("list order timelines: %w", err)
+	}
+	for _, e := range timeline {
+		o := byID[e.OrderID]
+		o.Timeline = append(o.Timeline, TimelineEntry{Type: event.Type(e.EventType), EventID: e.EventID, At: e.At.UTC()})
+	}
+	return orders, nil
+}

@@ -1,0 +1,352 @@
+package order_test
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/apptest"
+	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/httpapi"
+	"github.com/onceflow/onceflow/services/order"
+)
+
+const validBody = `{"customer_id":"alice","customer_email":"alice@example.com","items":[{"sku":"apple","quantity":3,"unit_price_cents":25},{"sku":"pear","quantity":1,"unit_price_cents":0}]}`
+
+// post sends raw as the body of POST /orders and returns the response and
+// its body. It does not fail the test, so goroutines may call it.
+func post(ctx context.Context, svc *apptest.Service, header http.Header, contentType, raw string) (*http.Response, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, svc.BaseURL+"/orders", strings.NewReader(raw))
+	if err != nil {
+		return nil, nil, err
+	}
+	req.Header.Set("Content-Type", contentType)
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp, body, err
+}
+
+func mustPost(t *testing.T, svc *apptest.Service, header http.Header, raw string) (*http.Response, []byte) {
+	t.Helper()
+	resp, body, err := post(t.Context(), svc, header, "application/json", raw)
+	require.NoError(t, err)
+	return resp, body
+}
+
+func requireProblem(t *testing.T, resp *http.Response, body []byte, status int) {
+	t.Helper()
+	require.Equal(t, status, resp.StatusCode, "body: %s", body)
+	require.Equal(t, httpapi.ContentTypeProblem, resp.Header.Get("Content-Type"))
+	var p httpapi.Problem
+	require.NoError(t, json.Unmarshal(body, &p))
+	require.Equal(t, status, p.Status)
+}
+
+func TestPlaceAndGetOrder(t *testing.T) {
+	t.Parallel()
+	svc := start(t)
+
+	resp, body := mustPost(t, svc, key("place-1"), validBody)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "body: %s", body)
+	require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	require.Empty(t, resp.Header.Get(httpapi.HeaderReplayed))
+	var placed order.Order
+	require.NoError(t, json.Unmarshal(body, &placed))
+
+	require.Equal(t, uuid.Version(7), placed.ID.Version())
+	require.Equal(t, "alice", placed.CustomerID)
+	require.Equal(t, "alice@example.com", placed.CustomerEmail)
+	require.Equal(t, order.StatusPending, placed.Status)
+	require.Equal(t, int64(75), placed.TotalCents)
+	require.Equal(t, []order.Item{{SKU: "apple", Quantity: 3, UnitPriceCents: 25}, {SKU: "pear", Quantity: 1, UnitPriceCents: 0}}, placed.Items)
+	require.Equal(t, []event.Type{event.OrderPlaced}, types(placed.Timeline))
+	require.False(t, placed.CreatedAt.IsZero())
+	require.Equal(t, placed.CreatedAt, placed.UpdatedAt)
+
+	require.Equal(t, placed, get(t, svc, placed.ID), "GET shows what POST returned")
+	require.Equal(t, 1, countRows(t, svc, "SELECT 1 FROM outbox WHERE event_type = $1 AND event_id = $2 AND subject = $3 AND source = $4",
+		string(event.OrderPlaced), placed.Timeline[0].EventID, placed.ID.String(), order.Name))
+
+	// Without an e-mail address, the field is empty, not missing.
+	var noEmail order.Order
+	resp = svc.Do(t, http.MethodPost, "/orders", key("place-2"), map[string]any{
+		"customer_id": "bob", "items": []map[string]any{{"sku": "apple", "quantity": 1, "unit_price_cents": 5}},
+	}, &noEmail)
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.Empty(t, noEmail.CustomerEmail)
+}
+
+func TestGetOrderErrors(t *testing.T) {
+	t.Parallel()
+	svc := start(t)
+	for path, status := range map[string]int{
+		"/orders/not-a-uuid":            http.StatusBadRequest,
+		"/orders/" + uuid.NewString():   http.StatusNotFound,
+		"/orders/" + uuid.Nil.String():  http.StatusNotFound,
+		"/orders/12345678-1234-1234-12": http.StatusBadRequest,
+	} {
+		var body json.RawMessage
+		resp := svc.Do(t, http.MethodGet, path, nil, nil, &body)
+		requireProblem(t, resp, body, status)
+	}
+}
+
+func TestListOrders(t *testing.T) {
+	t.Parallel()
+	svc := start(t)
+	var ids []uuid.UUID
+	for range 3 {
+		ids = append(ids, place(t, svc, "lister").ID)
+	}
+	other := place(t, svc, "someone-else")
+
+	var list order.OrderList
+	resp := svc.Do(t, http.MethodGet, "/orders?customer_id=lister", nil, nil, &list)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	got := make([]uuid.UUID, len(list.Orders))
+	for i, o := range list.Orders {
+		got[i] = o.ID
+		require.Len(t, o.Items, 2)
+		require.Len(t, o.Timeline, 1)
+	}
+	slices.Reverse(ids)
+	require.Equal(t, ids, got, "newest first")
+
+	resp = svc.Do(t, http.MethodGet, "/orders?customer_id=lister&limit=2", nil, nil, &list)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Len(t, list.Orders, 2)
+	require.Equal(t, ids[:2], []uuid.UUID{list.Orders[0].ID, list.Orders[1].ID})
+
+	resp = svc.Do(t, http.MethodGet, "/orders?customer_id=someone-else", nil, nil, &list)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Len(t, list.Orders, 1)
+	require.Equal(t, other.ID, list.Orders[0].ID)
+
+	var raw map[string]json.RawMessage
+	resp = svc.Do(t, http.MethodGet, "/orders?customer_id=nobody", nil, nil, &raw)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.JSONEq(t, `[]`, string(raw["orders"]), "an empty list, not null")
+
+	for _, query := range []string{"", "?customer_id=", "?customer_id=a%20b", "?customer_id=x&limit=0", "?customer_id=x&limit=501", "?customer_id=x&limit=ten", "?customer_id=x&limit=-1"} {
+		var body json.RawMessage
+		resp := svc.Do(t, http.MethodGet, "/orders"+query, nil, nil, &body)
+		requireProblem(t, resp, body, http.StatusBadRequest)
+	}
+}
+
+func TestIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	svc := start(t)
+
+	first, firstBody := mustPost(t, svc, key("k1"), validBody)
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+	require.Empty(t, first.Header.Get(httpapi.HeaderReplayed))
+
+	replay, replayBody := mustPost(t, svc, key("k1"), validBody)
+	require.Equal(t, http.StatusCreated, replay.StatusCode)
+	require.Equal(t, "true", replay.Header.Get(httpapi.HeaderReplayed))
+	require.Equal(t, "application/json", replay.Header.Get("Content-Type"))
+	require.Equal(t, firstBody, replayBody, "a replay is the stored response")
+
+	other := strings.Replace(validBody, `"quantity":3`, `"quantity":4`, 1)
+	resp, body := mustPost(t, svc, key("k1"), other)
+	requireProblem(t, resp, body, http.StatusUnprocessableEntity)
+
+	resp, body = mustPost(t, svc, nil, validBody)
+	requireProblem(t, resp, body, http.StatusBadRequest)
+	resp, body = mustPost(t, svc, key(strings.Repeat("k", 256)), validBody)
+	requireProblem(t, resp, body, http.StatusBadRequest)
+
+	require.Equal(t, 1, countRows(t, svc, "SELECT 1 FROM orders"))
+	require.Equal(t, 1, countRows(t, svc, "SELECT 1 FROM outbox"))
+
+	// Another key is another order, even with the same body.
+	resp, body = mustPost(t, svc, key("k2"), validBody)
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.NotEqual(t, firstBody, body)
+	require.Equal(t, 2, countRows(t, svc, "SELECT 1 FROM orders"))
+}
+
+func TestConcurrentRetriesPlaceOneOrder(t *testing.T) {
+	t.Parallel()
+	svc := start(t)
+
+	const n = 50
+	type result struct {
+		status   int
+		replayed bool
+		body     []byte
+		err      error
+	}
+	results := make([]result, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			resp, body, err := post(t.Context(), svc, key("one-key"), "application/json", validBody)
+			if err != nil {
+				results[i] = result{err: err}
+				return
+			}
+			results[i] = result{status: resp.StatusCode, replayed: resp.Header.Get(httpapi.HeaderReplayed) == "true", body: body}
+		})
+	}
+	wg.Wait()
+
+	var created [][]byte
+	fresh := 0
+	for _, r := range results {
+		require.NoError(t, r.err)
+		require.Contains(t, []int{http.StatusCreated, http.StatusConflict}, r.status, "body: %s", r.body)
+		if r.status == http.StatusCreated {
+			created = append(created, r.body)
+			if !r.replayed {
+				fresh++
+			}
+		}
+	}
+	require.Equal(t, 1, fresh, "exactly one request placed the order")
+	for _, b := range created {
+		require.Equal(t, created[0], b, "every 201 is the same order")
+	}
+	require.Equal(t, 1, countRows(t, svc, "SELECT 1 FROM orders"))
+	require.Equal(t, 1, countRows(t, svc, "SELECT 1 FROM outbox WHERE event_type = $1", string(event.OrderPlaced)))
+}
+
+func TestBadInputWritesNothing(t *testing.T) {
+	t.Parallel()
+	svc := start(t)
+
+	item := func(fields string) string {
+		return `{"customer_id":"c","items":[` + fields + `]}`
+	}
+	manyItems := make([]string, order.MaxItems+1)
+	for i := range manyItems {
+		manyItems[i] = fmt.Sprintf(`{"sku":"s%d","quantity":1,"unit_price_cents":1}`, i)
+	}
+	tests := []struct {
+		name        string
+		contentType string
+		body        string
+		noKey       bool
+		status      int
+	}{
+		{name: "empty body", body: ``},
+		{name: "malformed JSON", body: `{"customer_id":`},
+		{name: "not an object", body: `[]`},
+		{name: "trailing data", body: validBody + `{}`},
+		{name: "unknown field", body: `{"customer_id":"c","items":[{"sku":"a","quantity":1,"unit_price_cents":1}],"discount":5}`},
+		{name: "unknown item field", body: item(`{"sku":"a","quantity":1,"unit_price_cents":1,"color":"red"}`)},
+		{name: "missing customer_id", body: `{"items":[{"sku":"a","quantity":1,"unit_price_cents":1}]}`},
+		{name: "customer_id with a space", body: `{"customer_id":"a b","items":[{"sku":"a","quantity":1,"unit_price_cents":1}]}`},
+		{name: "customer_id too long", body: `{"customer_id":"` + strings.Repeat("c", 129) + `","items":[{"sku":"a","quantity":1,"unit_price_cents":1}]}`},
+		{name: "customer_id not a string", body: `{"customer_id":7,"items":[{"sku":"a","quantity":1,"unit_price_cents":1}]}`},
+		{name: "malformed e-mail", body: `{"customer_id":"c","customer_email":"not-an-address","items":[{"sku":"a","quantity":1,"unit_price_cents":1}]}`},
+		{name: "e-mail with a display name", body: `{"customer_id":"c","customer_email":"Bob <bob@example.com>","items":[{"sku":"a","quantity":1,"unit_price_cents":1}]}`},
+		{name: "missing items", body: `{"customer_id":"c"}`},
+		{name: "null items", body: `{"customer_id":"c","items":null}`},
+		{name: "empty items", body: item(``)},
+		{name: "too many items", body: item(strings.Join(manyItems, ","))},
+		{name: "missing sku", body: item(`{"quantity":1,"unit_price_cents":1}`)},
+		{name: "sku with a space", body: item(`{"sku":"a b","quantity":1,"unit_price_cents":1}`)},
+		{name: "duplicate sku", body: item(`{"sku":"a","quantity":1,"unit_price_cents":1},{"sku":"a","quantity":2,"unit_price_cents":1}`)},
+		{name: "missing quantity", body: item(`{"sku":"a","unit_price_cents":1}`)},
+		{name: "zero quantity", body: item(`{"sku":"a","quantity":0,"unit_price_cents":1}`)},
+		{name: "negative quantity", body: item(`{"sku":"a","quantity":-1,"unit_price_cents":1}`)},
+		{name: "huge quantity", body: item(`{"sku":"a","quantity":1000001,"unit_price_cents":1}`)},
+		{name: "quantity beyond int64", body: item(`{"sku":"a","quantity":99999999999999999999,"unit_price_cents":1}`)},
+		{name: "fractional quantity", body: item(`{"sku":"a","quantity":1.5,"unit_price_cents":1}`)},
+		{name: "quantity as a string", body: item(`{"sku":"a","quantity":"1","unit_price_cents":1}`)},
+		{name: "missing price", body: item(`{"sku":"a","quantity":1}`)},
+		{name: "negative price", body: item(`{"sku":"a","quantity":1,"unit_price_cents":-1}`)},
+		{name: "line total overflows", body: item(`{"sku":"a","quantity":3,"unit_price_cents":4611686018427387904}`)},
+		{name: "order total overflows", body: item(`{"sku":"a","quantity":1,"unit_price_cents":9223372036854775807},{"sku":"b","quantity":1,"unit_price_cents":1}`)},
+		{name: "body too large", body: `{"customer_id":"c","customer_email":"` + strings.Repeat("x", httpapi.MaxBodyBytes) + `"}`, status: http.StatusRequestEntityTooLarge},
+		{name: "not JSON", contentType: "text/plain", body: validBody, status: http.StatusUnsupportedMediaType},
+		{name: "no Idempotency-Key", body: validBody, noKey: true},
+	}
+	// The group returns once its parallel cases are done.
+	t.Run("cases", func(t *testing.T) {
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				t.Parallel()
+				header := key(uuid.NewString())
+				if tt.noKey {
+					header = nil
+				}
+				resp, body, err := post(t.Context(), svc, header, cmp.Or(tt.contentType, "application/json"), tt.body)
+				require.NoError(t, err)
+				requireProblem(t, resp, body, cmp.Or(tt.status, http.StatusBadRequest))
+			})
+		}
+	})
+	// Nothing was written, not even an Idempotency-Key.
+	for _, table := range []string{"orders", "order_lines", "order_timeline", "outbox", "idempotency_keys"} {
+		require.Zero(t, countRows(t, svc, "SELECT 1 FROM "+table), "rows in %s", table)
+	}
+}
+
+// TestOpenAPIDocumentsEveryRoute checks that the served document is valid
+// OpenAPI 3 and describes exactly the routes the service has.
+func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
+	t.Parallel()
+	svc := start(t)
+
+	resp, err := http.Get(svc.BaseURL + "/openapi.yaml")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+
+	doc, err := openapi3.NewLoader().LoadFromData(raw)
+	require.NoError(t, err)
+	require.NoError(t, doc.Validate(t.Context()))
+	var documented []string
+	for path, item := range doc.Paths.Map() {
+		for method := range item.Operations() {
+			documented = append(documented, method+" "+path)
+		}
+	}
+
+	// The service's own routes, as registered, plus the ones every service
+	// shares, which must answer on the running service.
+	e := httpapi.New(slog.New(slog.DiscardHandler))
+	order.New(nil).Routes(e)
+	var routes []string
+	for _, r := range e.Routes() {
+		path := r.Path
+		for _, seg := range strings.Split(r.Path, "/") {
+			if name, ok := strings.CutPrefix(seg, ":"); ok {
+				path = strings.Replace(path, seg, "{"+name+"}", 1)
+			}
+		}
+		routes = append(routes, r.Method+" "+path)
+	}
+	for _, shared := range []string{"/healthz", "/readyz", "/metrics"} {
+		resp, err := http.Get(svc.BaseURL + shared)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, shared)
+		routes = append(routes, http.MethodGet+" "+shared)
+	}
+	require.ElementsMatch(t, routes, documented)
+}

@@ -1,0 +1,26 @@
+package order
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/onceflow/onceflow/internal/app"
+	"github.com/onceflow/onceflow/internal/streams"
+)
+
+// Name is the service's name: its event source, migration set and logs.
+const Name = "order"
+
+// Run runs the order service until ctx is done.
+func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
+	return app.Run(ctx, Name, cfg.Config, logger, func(d app.Deps) (app.Spec, error) {
+		s := New(d.Pool)
+		return app.Spec{
+			Subscriptions: []app.Subscription{
+				{Stream: streams.Payments, Durable: streams.OrderPayments, Handler: s.handlePaymentEvent},
+				{Stream: streams.Inventory, Durable: streams.OrderInventory, Handler: s.handleInventoryEvent},
+			},
+			Routes: s.Routes,
+		}, nil
+	})
+}
