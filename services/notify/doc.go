@@ -1,8 +1,29 @@
-// Package notify owns notifications: one e-mail per (order, milestone),
-// written to its own outbox in the same transaction as the inbox row of the
-// event that caused it, and sent by a mailer with a Message-ID derived from
-// the event id.
+// Package notify owns notifications: one e-mail per (order, milestone).
 //
-// Its database schema is db/migrations/notify; its handlers and HTTP API
-// arrive with the services issue.
+// It consumes the order milestones — OrderPlaced, OrderConfirmed,
+// OrderRejected and OrderCancelled, on the notify-orders durable of the
+// ORDERS stream — and for each writes one row to the notifications table,
+// its own mail outbox, in the same transaction as the event's inbox row. A
+// Mailer then sends that outbox, over SMTP when SMTP_ADDR is set (Mailpit in
+// the compose demo) and to the log otherwise, and keeps each e-mail's state:
+// PENDING, SENT, or FAILED after MAILER_MAX_ATTEMPTS attempts with a
+// doubling backoff.
+//
+// The recipient is the order's customer_email, or, for a customer without
+// one, "<customer_id>@example.invalid": the .invalid TLD is reserved by
+// RFC 2606, so such an e-mail can be looked at in a catcher and is never
+// delivered anywhere. An address that does not parse is recorded as FAILED
+// at once, with the reason, so the milestone still has its row.
+//
+// Guarantees and the honest limit of an external side effect:
+//
+//   - Never a second e-mail from a duplicate event: the inbox drops a
+//     redelivered event, and the unique keys (order_id, kind) and event_id
+//     drop a milestone re-emitted under a new event id.
+//   - At-least-once delivery to the mail server: an e-mail is marked SENT
+//     only after the server accepted it, in the transaction that claimed it.
+//     A crash between the server's acceptance and that commit sends the
+//     e-mail again, with the same Message-ID ("<event-id@onceflow>"), so the
+//     resend is recognisable downstream; one e-mail per transaction bounds
+//     this to the e-mail in hand.
 package notify

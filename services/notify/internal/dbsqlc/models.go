@@ -23,19 +23,20 @@ type IdempotencyKey struct {
 }
 
 type Notification struct {
-	ID        int64
-	OrderID   uuid.UUID
-	Kind      string
-	Recipient string
-	EventID   uuid.UUID
-	MessageID string
-	Subject   string
-	Body      string
-	Status    string
-	Attempts  int32
-	LastError string
-	CreatedAt time.Time
-	SentAt    *time.Time
+	ID            int64
+	OrderID       uuid.UUID
+	Kind          string
+	Recipient     string
+	EventID       uuid.UUID
+	MessageID     string
+	Subject       string
+	Body          string
+	Status        string
+	Attempts      int32
+	LastError     string
+	NextAttemptAt time.Time
+	CreatedAt     time.Time
+	SentAt        *time.Time
 }
 
 type Outbox struct {

@@ -7,9 +7,86 @@ package dbsqlc
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
+
+const claimNextDueNotification = `-- name: ClaimNextDueNotification :one
+SELECT id, recipient, message_id, subject, body, attempts, created_at
+FROM notifications
+WHERE status = 'PENDING' AND next_attempt_at <= now()
+ORDER BY id
+LIMIT 1
+FOR UPDATE SKIP LOCKED
+`
+
+type ClaimNextDueNotificationRow struct {
+	ID        int64
+	Recipient string
+	MessageID string
+	Subject   string
+	Body      string
+	Attempts  int32
+	CreatedAt time.Time
+}
+
+// The oldest PENDING e-mail whose backoff has passed, locked until the
+// claiming transaction ends; rows another mailer holds are skipped.
+func (q *Queries) ClaimNextDueNotification(ctx context.Context, db DBTX) (ClaimNextDueNotificationRow, error) {
+	row := db.QueryRow(ctx, claimNextDueNotification)
+	var i ClaimNextDueNotificationRow
+	err := row.Scan(
+		&i.ID,
+		&i.Recipient,
+		&i.MessageID,
+		&i.Subject,
+		&i.Body,
+		&i.Attempts,
+		&i.CreatedAt,
+	)
+	return i, err
+}
+
+const insertNotification = `-- name: InsertNotification :execrows
+INSERT INTO notifications (order_id, kind, recipient, event_id, message_id, subject, body, status, last_error)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON CONFLICT DO NOTHING
+`
+
+type InsertNotificationParams struct {
+	OrderID   uuid.UUID
+	Kind      string
+	Recipient string
+	EventID   uuid.UUID
+	MessageID string
+	Subject   string
+	Body      string
+	Status    string
+	LastError string
+}
+
+// No row is written when the milestone of the order already has its e-mail
+// (UNIQUE (order_id, kind): the same milestone re-emitted under a new event
+// id) or the event already caused one (UNIQUE event_id).
+func (q *Queries) InsertNotification(ctx context.Context, db DBTX, arg InsertNotificationParams) (int64, error) {
+	result, err := db.Exec(ctx, insertNotification,
+		arg.OrderID,
+		arg.Kind,
+		arg.Recipient,
+		arg.EventID,
+		arg.MessageID,
+		arg.Subject,
+		arg.Body,
+		arg.Status,
+		arg.LastError,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
 
 const listNotifications = `-- name: ListNotifications :many
 SELECT order_id, kind, recipient, status, event_id
@@ -50,4 +127,75 @@ func (q *Queries) ListNotifications(ctx context.Context, db DBTX, orderID uuid.U
 		return nil, err
 	}
 	return items, nil
+}
+
+const mailerLag = `-- name: MailerLag :one
+SELECT
+    count(*)                                      AS pending,
+    coalesce(min(created_at), now())::timestamptz AS oldest_created_at,
+    now()::timestamptz                            AS now
+FROM notifications
+WHERE status = 'PENDING'
+`
+
+type MailerLagRow struct {
+	Pending         int64
+	OldestCreatedAt time.Time
+	Now             time.Time
+}
+
+func (q *Queries) MailerLag(ctx context.Context, db DBTX) (MailerLagRow, error) {
+	row := db.QueryRow(ctx, mailerLag)
+	var i MailerLagRow
+	err := row.Scan(&i.Pending, &i.OldestCreatedAt, &i.Now)
+	return i, err
+}
+
+const markNotificationAttemptFailed = `-- name: MarkNotificationAttemptFailed :one
+UPDATE notifications
+SET attempts        = attempts + 1,
+    last_error      = $1,
+    status          = CASE WHEN attempts + 1 >= $2::integer THEN 'FAILED' ELSE 'PENDING' END,
+    next_attempt_at = clock_timestamp() + $3::interval
+WHERE id = $4
+RETURNING status, attempts
+`
+
+type MarkNotificationAttemptFailedParams struct {
+	LastError   string
+	MaxAttempts int32
+	RetryAfter  pgtype.Interval
+	ID          int64
+}
+
+type MarkNotificationAttemptFailedRow struct {
+	Status   string
+	Attempts int32
+}
+
+// Records a failed attempt: the row stays PENDING until @retry_after has
+// passed, or becomes FAILED when it has had @max_attempts attempts.
+func (q *Queries) MarkNotificationAttemptFailed(ctx context.Context, db DBTX, arg MarkNotificationAttemptFailedParams) (MarkNotificationAttemptFailedRow, error) {
+	row := db.QueryRow(ctx, markNotificationAttemptFailed,
+		arg.LastError,
+		arg.MaxAttempts,
+		arg.RetryAfter,
+		arg.ID,
+	)
+	var i MarkNotificationAttemptFailedRow
+	err := row.Scan(&i.Status, &i.Attempts)
+	return i, err
+}
+
+const markNotificationSent = `-- name: MarkNotificationSent :exec
+UPDATE notifications
+SET status = 'SENT', sent_at = clock_timestamp(), attempts = attempts + 1, last_error = ''
+WHERE id = $1
+`
+
+// clock_timestamp(), not now(): now() is when the claiming transaction began,
+// before the e-mail was handed over.
+func (q *Queries) MarkNotificationSent(ctx context.Context, db DBTX, id int64) error {
+	_, err := db.Exec(ctx, markNotificationSent, id)
+	return err
 }

@@ -1,0 +1,392 @@
+package notify
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"mime"
+	"mime/quotedprintable"
+	"net"
+	"net/mail"
+	"net/smtp"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/services/notify/internal/dbsqlc"
+)
+
+// Mailer defaults; see MailerConfig.
+const (
+	DefaultMailFrom     = "onceflow <noreply@onceflow.example>"
+	defaultPollInterval = 500 * time.Millisecond
+	defaultMaxAttempts  = 8
+	defaultRetryBackoff = 10 * time.Second
+	defaultSendTimeout  = 30 * time.Second
+	maxRetryBackoff     = time.Hour
+	// dbTimeout bounds the claim, mark and commit around one send.
+	dbTimeout = 10 * time.Second
+	// scrapeTimeout bounds the backlog query of a metrics scrape.
+	scrapeTimeout = 2 * time.Second
+	// maxErrorLength bounds the last_error kept per notification.
+	maxErrorLength = 1000
+)
+
+// Message is one e-mail, as a Sender gets it.
+type Message struct {
+	// ID is the Message-ID header, angle brackets included:
+	// "<event-id@onceflow>". It is the same on every resend.
+	ID      string
+	To      string // a bare address
+	Subject string
+	Body    string // plain text, lines separated by "\n"
+	// Date is when the e-mail was written, so a resend is identical.
+	Date time.Time
+}
+
+// Sender hands e-mails to whatever delivers them. Send may be called again
+// with a message it already delivered (after a crash); the Message-ID lets
+// the receiver recognise it.
+type Sender interface {
+	Send(ctx context.Context, m Message) error
+}
+
+// MailerConfig configures a Mailer. Zero values take the defaults.
+type MailerConfig struct {
+	// PollInterval is the pause between two looks at the notifications
+	// table. Default 500ms.
+	PollInterval time.Duration
+	// MaxAttempts is how often an e-mail is tried before it is FAILED.
+	// Default 8.
+	MaxAttempts int
+	// RetryBackoff is the wait after a first failed attempt; it doubles
+	// with each further failure, up to an hour. Default 10s, which with the
+	// default MaxAttempts rides out about 20 minutes of mail server outage.
+	RetryBackoff time.Duration
+	// SendTimeout bounds one Send. Default 30s.
+	SendTimeout time.Duration
+}
+
+// Mailer sends the notifications table, the notify service's mail outbox.
+//
+// It takes the oldest due PENDING row with FOR UPDATE SKIP LOCKED, sends it,
+// and marks it SENT — or records the failed attempt and its error, to be
+// tried again after a backoff, and FAILED after MaxAttempts — in the same
+// transaction, one e-mail per transaction. Several mailers (replicas of the
+// service) can run on one database: each skips the rows another holds.
+//
+// Delivery to the mail server is at least once: a crash after the server
+// accepted an e-mail and before SENT was committed sends it again, with the
+// same Message-ID. One transaction per e-mail keeps that to the e-mail in
+// hand.
+type Mailer struct {
+	pool    *pgxpool.Pool
+	sender  Sender
+	cfg     MailerConfig
+	logger  *slog.Logger
+	queries *dbsqlc.Queries
+
+	sent, retried, failed atomic.Int64
+}
+
+// NewMailer returns a mailer of the notifications in pool's database that
+// sends through sender. Start it with Run.
+func NewMailer(pool *pgxpool.Pool, sender Sender, cfg MailerConfig, logger *slog.Logger) *Mailer {
+	cfg.PollInterval = cmp.Or(max(cfg.PollInterval, 0), defaultPollInterval)
+	cfg.MaxAttempts = cmp.Or(max(cfg.MaxAttempts, 0), defaultMaxAttempts)
+	cfg.RetryBackoff = cmp.Or(max(cfg.RetryBackoff, 0), defaultRetryBackoff)
+	cfg.SendTimeout = cmp.Or(max(cfg.SendTimeout, 0), defaultSendTimeout)
+	return &Mailer{
+		pool:    pool,
+		sender:  sender,
+		cfg:     cfg,
+		logger:  logger.With("component", "mailer"),
+		queries: dbsqlc.New(),
+	}
+}
+
+// Run sends due notifications at once and then every PollInterval until ctx
+// is done, and returns nil then. On shutdown it finishes the e-mail in
+// hand, so that one the mail server accepted is also marked SENT. A failure
+// of the database is logged and tried again at the next interval.
+//
+// Run works in the calling goroutine and starts none of its own.
+func (m *Mailer) Run(ctx context.Context) error {
+	ticker := time.NewTicker(m.cfg.PollInterval)
+	defer ticker.Stop()
+	for {
+		_, err := m.SendDue(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			m.logger.WarnContext(ctx, "send notifications", "error", err, "retry_in", m.cfg.PollInterval)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+	}
+}
+
+// SendDue sends every notification that is due when it is called, one after
+// the other in id order, and returns how many it tried (sent or not). It
+// returns early, with ctx's error, when ctx is done; the e-mail in hand is
+// finished first.
+func (m *Mailer) SendDue(ctx context.Context) (int, error) {
+	n := 0
+	for {
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		tried, err := m.sendNext(ctx)
+		if err != nil || !tried {
+			return n, err
+		}
+		n++
+	}
+}
+
+// sendNext claims the next due notification, sends it and records the
+// outcome, in one transaction. It reports whether there was one.
+func (m *Mailer) sendNext(ctx context.Context) (bool, error) {
+	// The e-mail in hand is finished even when ctx is canceled: the server
+	// may have accepted it, and then it should be marked SENT. The timeout
+	// keeps a hung server or database from holding up shutdown for ever.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.SendTimeout+dbTimeout)
+	defer cancel()
+
+	tx, err := m.pool.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("begin: %w", err)
+	}
+	// After Commit this is a no-op; after a failure the rollback leaves the
+	// row PENDING, to be sent again.
+	defer func() { _ = tx.Rollback(ctx) }()
+
+	n, err := m.queries.ClaimNextDueNotification(ctx, tx)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("claim notification: %w", err)
+	}
+
+	sendCtx, cancelSend := context.WithTimeout(ctx, m.cfg.SendTimeout)
+	sendErr := m.sender.Send(sendCtx, Message{ID: n.MessageID, To: n.Recipient, Subject: n.Subject, Body: n.Body, Date: n.CreatedAt})
+	cancelSend()
+
+	status := StatusSent
+	if sendErr == nil {
+		if err := m.queries.MarkNotificationSent(ctx, tx, n.ID); err != nil {
+			return false, fmt.Errorf("mark notification %d sent: %w", n.ID, err)
+		}
+	} else {
+		attempt := n.Attempts + 1
+		row, err := m.queries.MarkNotificationAttemptFailed(ctx, tx, dbsqlc.MarkNotificationAttemptFailedParams{
+			ID:          n.ID,
+			LastError:   truncate(sendErr.Error(), maxErrorLength),
+			MaxAttempts: int32(min(m.cfg.MaxAttempts, 1<<31-1)),
+			RetryAfter:  pgtype.Interval{Microseconds: m.backoff(attempt).Microseconds(), Valid: true},
+		})
+		if err != nil {
+			return false, fmt.Errorf("record failed attempt of notification %d: %w", n.ID, err)
+		}
+		status = row.Status
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, fmt.Errorf("commit notification %d: %w", n.ID, err)
+	}
+
+	switch status {
+	case StatusSent:
+		m.sent.Add(1)
+		m.logger.DebugContext(ctx, "e-mail sent", "message_id", n.MessageID)
+	case StatusFailed:
+		m.failed.Add(1)
+		m.logger.ErrorContext(ctx, "e-mail failed for good", "message_id", n.MessageID, "attempts", n.Attempts+1, "error", sendErr)
+	default:
+		m.retried.Add(1)
+		m.logger.WarnContext(ctx, "e-mail not sent; will retry", "message_id", n.MessageID, "attempt", n.Attempts+1, "error", sendErr)
+	}
+	return true, nil
+}
+
+// backoff is the wait after the attempt-th failed attempt: RetryBackoff,
+// doubled per further attempt, at most an hour.
+func (m *Mailer) backoff(attempt int32) time.Duration {
+	d := m.cfg.RetryBackoff
+	for i := int32(1); i < attempt && d < maxRetryBackoff; i++ {
+		d *= 2
+	}
+	return min(d, maxRetryBackoff)
+}
+
+// truncate cuts s to at most n bytes, dropping a rune cut in half:
+// PostgreSQL refuses invalid UTF-8.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "")
+}
+
+// mailerCollector exports the mailer's counters and backlog at scrape time.
+type mailerCollector struct {
+	m *Mailer
+
+	sends     *prometheus.Desc
+	pending   *prometheus.Desc
+	oldestAge *prometheus.Desc
+}
+
+func newMailerCollector(m *Mailer) *mailerCollector {
+	return &mailerCollector{
+		m: m,
+		sends: prometheus.NewDesc("onceflow_mailer_sends_total",
+			"E-mails tried by the mailer, by outcome: sent, retried (failed, to be tried again) or failed (for good).",
+			[]string{"outcome"}, nil),
+		pending: prometheus.NewDesc("onceflow_mailer_pending",
+			"Notifications not yet sent or failed.", nil, nil),
+		oldestAge: prometheus.NewDesc("onceflow_mailer_oldest_pending_age_seconds",
+			"Age of the oldest pending notification.", nil, nil),
+	}
+}
+
+func (c *mailerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.sends
+	ch <- c.pending
+	ch <- c.oldestAge
+}
+
+func (c *mailerCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(c.sends, prometheus.CounterValue, float64(c.m.sent.Load()), "sent")
+	ch <- prometheus.MustNewConstMetric(c.sends, prometheus.CounterValue, float64(c.m.retried.Load()), "retried")
+	ch <- prometheus.MustNewConstMetric(c.sends, prometheus.CounterValue, float64(c.m.failed.Load()), "failed")
+	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
+	defer cancel()
+	lag, err := c.m.queries.MailerLag(ctx, c.m.pool)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.pending, fmt.Errorf("mailer lag: %w", err))
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(lag.Pending))
+	ch <- prometheus.MustNewConstMetric(c.oldestAge, prometheus.GaugeValue, max(lag.Now.Sub(lag.OldestCreatedAt), 0).Seconds())
+}
+
+// SMTPSender sends e-mails over plain SMTP, without TLS or authentication:
+// to a relay on a trusted network or a catcher like Mailpit, which takes it
+// from there.
+type SMTPSender struct {
+	addr string
+	host string
+	from *mail.Address
+}
+
+// NewSMTPSender returns a sender to the SMTP server at addr (host:port)
+// with the From address from, e.g. "onceflow <noreply@onceflow.example>".
+func NewSMTPSender(addr, from string) (*SMTPSender, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("smtp address %q: %w", addr, err)
+	}
+	f, err := mail.ParseAddress(from)
+	if err != nil {
+		return nil, fmt.Errorf("mail from %q: %w", from, err)
+	}
+	return &SMTPSender{addr: addr, host: host, from: f}, nil
+}
+
+// Send delivers m to the SMTP server. It returns nil once the server has
+// accepted the message data.
+func (s *SMTPSender) Send(ctx context.Context, m Message) error {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", s.addr)
+	if err != nil {
+		return fmt.Errorf("dial smtp server: %w", err)
+	}
+	defer conn.Close()
+	// net/smtp knows no context: a deadline, and an expired one on cancel,
+	// bound every exchange instead.
+	if deadline, ok := ctx.Deadline(); ok {
+		if err := conn.SetDeadline(deadline); err != nil {
+			return fmt.Errorf("smtp deadline: %w", err)
+		}
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
+	defer stop()
+
+	c, err := smtp.NewClient(conn, s.host)
+	if err != nil {
+		return fmt.Errorf("smtp greeting: %w", err)
+	}
+	defer c.Close()
+	if err := c.Mail(s.from.Address); err != nil {
+		return fmt.Errorf("smtp MAIL FROM: %w", err)
+	}
+	if err := c.Rcpt(m.To); err != nil {
+		return fmt.Errorf("smtp RCPT TO %s: %w", m.To, err)
+	}
+	w, err := c.Data()
+	if err != nil {
+		return fmt.Errorf("smtp DATA: %w", err)
+	}
+	if _, err := w.Write(s.format(m)); err != nil {
+		return fmt.Errorf("smtp message: %w", err)
+	}
+	if err := w.Close(); err != nil {
+		return fmt.Errorf("smtp end of message: %w", err)
+	}
+	// The server has accepted the message: a failed QUIT must not make the
+	// mailer send it again.
+	_ = c.Quit()
+	return nil
+}
+
+// format is m as an RFC 5322 message: headers and a quoted-printable
+// plain-text body.
+func (s *SMTPSender) format(m Message) []byte {
+	var b bytes.Buffer
+	header := func(name, value string) { fmt.Fprintf(&b, "%s: %s\r\n", name, value) }
+	header("From", s.from.String())
+	header("To", (&mail.Address{Address: m.To}).String())
+	// Q-encoding also turns any CR or LF into an encoded word, so a subject
+	// cannot add headers.
+	header("Subject", mime.QEncoding.Encode("utf-8", m.Subject))
+	header("Date", m.Date.Format(time.RFC1123Z))
+	header("Message-ID", m.ID)
+	header("MIME-Version", "1.0")
+	header("Content-Type", "text/plain; charset=utf-8")
+	header("Content-Transfer-Encoding", "quoted-printable")
+	b.WriteString("\r\n")
+	qp := quotedprintable.NewWriter(&b)
+	_, _ = qp.Write([]byte(m.Body)) // writes to a bytes.Buffer cannot fail
+	_ = qp.Close()
+	return b.Bytes()
+}
+
+// LogSender logs e-mails instead of sending them: the sender when no SMTP
+// server is configured.
+type LogSender struct {
+	logger *slog.Logger
+}
+
+// NewLogSender returns a sender that logs to logger.
+func NewLogSender(logger *slog.Logger) *LogSender {
+	return &LogSender{logger: logger}
+}
+
+// Send logs m and returns nil.
+func (s *LogSender) Send(ctx context.Context, m Message) error {
+	s.logger.InfoContext(ctx, "e-mail", "message_id", m.ID, "to", m.To, "subject", m.Subject, "body", m.Body)
+	return nil
+}

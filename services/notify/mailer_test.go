@@ -1,0 +1,356 @@
+package notify_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/textproto"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/postgres"
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/services/notify"
+)
+
+func TestMailerSendsOnceAndMarksSent(t *testing.T) {
+	t.Parallel()
+	svc, rec := start(t)
+	ev := orderPlaced(t, "ida", "ida@shop.example")
+	svc.Publish(t, ev)
+
+	n := awaitSettled(t, svc.DB.Pool, orderID(t, ev))
+	require.Equal(t, notify.StatusSent, n.Status)
+	require.NotNil(t, n.SentAt)
+	require.Equal(t, 1, n.Attempts)
+	require.Empty(t, n.LastError)
+
+	sent := rec.Calls()
+	require.Len(t, sent, 1)
+	got := sent[0]
+	require.True(t, n.CreatedAt.Equal(got.Date), "dated when written: %s, not %s", n.CreatedAt, got.Date)
+	got.Date = time.Time{}
+	require.Equal(t, notify.Message{
+		ID:      "<" + ev.ID.String() + "@onceflow>",
+		To:      "ida@shop.example",
+		Subject: n.Subject,
+		Body:    n.Body,
+	}, got)
+}
+
+func TestMailerRetriesThenFails(t *testing.T) {
+	t.Parallel()
+	svc, rec := start(t, func(c *notify.Config) {
+		c.MailerMaxAttempts = 3
+		c.MailerRetryBackoff = 10 * time.Millisecond
+	})
+	rec.FailWith(func(call int) error { return fmt.Errorf("454 try again later (call %d)", call) })
+	ev := orderPlaced(t, "jon", "jon@shop.example")
+	svc.Publish(t, ev)
+
+	n := awaitSettled(t, svc.DB.Pool, orderID(t, ev))
+	require.Equal(t, notify.StatusFailed, n.Status)
+	require.Equal(t, 3, n.Attempts)
+	require.Equal(t, "454 try again later (call 3)", n.LastError)
+	require.Nil(t, n.SentAt)
+	require.Len(t, rec.Calls(), 3, "tried MaxAttempts times, then left alone")
+	require.Empty(t, rec.Sent())
+}
+
+func TestMailerRetriesUntilSent(t *testing.T) {
+	t.Parallel()
+	svc, rec := start(t, func(c *notify.Config) {
+		c.MailerMaxAttempts = 5
+		c.MailerRetryBackoff = 10 * time.Millisecond
+	})
+	// The first two calls fail after the message was handed over, as a
+	// crash between the server's acceptance and the commit would look.
+	rec.FailWith(func(call int) error {
+		if call <= 2 {
+			return errors.New("connection reset")
+		}
+		return nil
+	})
+	ev := orderPlaced(t, "kim", "kim@shop.example")
+	svc.Publish(t, ev)
+
+	n := awaitSettled(t, svc.DB.Pool, orderID(t, ev))
+	require.Equal(t, notify.StatusSent, n.Status)
+	require.Equal(t, 3, n.Attempts)
+	require.Empty(t, n.LastError, "a sent e-mail keeps no error")
+	calls := rec.Calls()
+	require.Len(t, calls, 3)
+	for _, c := range calls[1:] {
+		require.Equal(t, calls[0], c, "a resend is the same e-mail, Message-ID and Date included")
+	}
+}
+
+func TestMailerBacksOffAfterAFailure(t *testing.T) {
+	t.Parallel()
+	svc, rec := start(t, func(c *notify.Config) { c.MailerRetryBackoff = time.Hour })
+	rec.FailWith(func(int) error { return errors.New("down") })
+	ev := orderPlaced(t, "lea", "")
+	svc.Publish(t, ev)
+
+	var attempts int
+	var wait time.Duration
+	require.Eventually(t, func() bool {
+		err := svc.DB.Pool.QueryRow(t.Context(),
+			`SELECT attempts, (extract(epoch FROM next_attempt_at - clock_timestamp()) * 1e9)::bigint
+			 FROM notifications WHERE order_id = $1`, orderID(t, ev)).Scan(&attempts, &wait)
+		return err == nil && attempts == 1
+	}, 20*time.Second, 10*time.Millisecond)
+	require.Greater(t, wait, 50*time.Minute, "the next attempt waits for the backoff")
+	require.Equal(t, notify.StatusPending, rows(t, svc.DB.Pool, orderID(t, ev))[0].Status)
+}
+
+// blockingSender holds the first Send until released, then fails it if its
+// context was canceled meanwhile.
+type blockingSender struct {
+	started chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (s *blockingSender) Send(ctx context.Context, _ notify.Message) error {
+	s.once.Do(func() { close(s.started) })
+	<-s.release
+	return ctx.Err()
+}
+
+func TestMailerFinishesTheEmailInHandOnStop(t *testing.T) {
+	t.Parallel()
+	schema, err := postgres.ServiceSchema(notify.Name)
+	require.NoError(t, err)
+	db := testenv.NewDatabase(t, schema)
+	_, err = db.Pool.Exec(t.Context(), `
+		INSERT INTO notifications (order_id, kind, recipient, event_id, message_id, subject, body)
+		VALUES (gen_random_uuid(), 'placed', 'x@example.invalid', gen_random_uuid(), '<x@onceflow>', 's', 'b')`)
+	require.NoError(t, err)
+
+	sender := &blockingSender{started: make(chan struct{}), release: make(chan struct{})}
+	m := notify.NewMailer(db.Pool, sender, notify.MailerConfig{PollInterval: 10 * time.Millisecond}, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+
+	select {
+	case <-sender.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the mailer did not send")
+	}
+	cancel()
+	close(sender.release)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the mailer did not stop")
+	}
+	var status string
+	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT status FROM notifications`).Scan(&status))
+	require.Equal(t, notify.StatusSent, status, "the e-mail in hand was finished and marked")
+}
+
+func TestSMTPSenderWritesTheMessage(t *testing.T) {
+	t.Parallel()
+	srv := newSMTPServer(t, "250 ok")
+	svc, _ := start(t, func(c *notify.Config) {
+		c.Sender = nil // the SMTP sender, from SMTPAddr
+		c.SMTPAddr = srv.addr
+		c.MailFrom = notify.DefaultMailFrom
+	})
+	ev := orderPlaced(t, "max", "max@shop.example")
+	svc.Publish(t, ev)
+
+	n := awaitSettled(t, svc.DB.Pool, orderID(t, ev))
+	require.Equal(t, notify.StatusSent, n.Status)
+	mails := srv.Mails()
+	require.Len(t, mails, 1)
+	got := mails[0]
+	require.True(t, strings.HasPrefix(got.from, "MAIL FROM:<noreply@onceflow.example>"), got.from)
+	require.Equal(t, "RCPT TO:<max@shop.example>", got.rcpt)
+
+	msg, err := textproto.NewReader(bufio.NewReader(strings.NewReader(got.data))).ReadMIMEHeader()
+	require.NoError(t, err)
+	require.Equal(t, "<"+ev.ID.String()+"@onceflow>", msg.Get("Message-ID"))
+	require.Equal(t, `"onceflow" <noreply@onceflow.example>`, msg.Get("From"))
+	require.Equal(t, "<max@shop.example>", msg.Get("To"))
+	require.Equal(t, n.Subject, msg.Get("Subject"))
+	date, err := time.Parse(time.RFC1123Z, msg.Get("Date"))
+	require.NoError(t, err)
+	require.WithinDuration(t, n.CreatedAt, date, time.Second)
+	require.Equal(t, "text/plain; charset=utf-8", msg.Get("Content-Type"))
+	require.Contains(t, got.data, orderID(t, ev).String())
+}
+
+func TestSMTPSenderReportsRefusal(t *testing.T) {
+	t.Parallel()
+	srv := newSMTPServer(t, "550 no such user")
+	s, err := notify.NewSMTPSender(srv.addr, "ops@onceflow.example")
+	require.NoError(t, err)
+	err = s.Send(t.Context(), notify.Message{ID: "<a@onceflow>", To: "nobody@shop.example", Subject: "s", Body: "b", Date: time.Now()})
+	require.ErrorContains(t, err, "550")
+	require.Empty(t, srv.Mails())
+}
+
+func TestSMTPSenderHonoursTheContext(t *testing.T) {
+	t.Parallel()
+	// A server that accepts the connection and never greets.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { require.NoError(t, ln.Close()); wg.Wait() })
+	wg.Go(func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_, _ = io.Copy(io.Discard, conn) // until the client hangs up
+	})
+
+	s, err := notify.NewSMTPSender(ln.Addr().String(), notify.DefaultMailFrom)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	err = s.Send(ctx, notify.Message{ID: "<b@onceflow>", To: "x@shop.example", Subject: "s", Body: "b", Date: time.Now()})
+	require.Error(t, err)
+}
+
+func TestNewSMTPSenderValidates(t *testing.T) {
+	t.Parallel()
+	_, err := notify.NewSMTPSender("no-port", notify.DefaultMailFrom)
+	require.Error(t, err)
+	_, err = notify.NewSMTPSender("127.0.0.1:25", "not an address")
+	require.Error(t, err)
+}
+
+func TestMailerMetrics(t *testing.T) {
+	t.Parallel()
+	svc, _ := start(t)
+	ev := orderPlaced(t, "ned", "")
+	svc.Publish(t, ev)
+	awaitSettled(t, svc.DB.Pool, orderID(t, ev))
+
+	metrics := get(t, svc.BaseURL+"/metrics")
+	require.Equal(t, http.StatusOK, metrics.status)
+	require.Contains(t, metrics.body, `onceflow_mailer_sends_total{outcome="sent"} 1`)
+	require.Contains(t, metrics.body, "onceflow_mailer_pending 0")
+}
+
+// smtpServer is just enough of an SMTP server to receive e-mails. RCPT is
+// answered with rcptReply.
+type smtpServer struct {
+	addr      string
+	rcptReply string
+
+	mu    sync.Mutex
+	mails []smtpMail
+}
+
+type smtpMail struct {
+	from, rcpt string // the commands as received
+	data       string // the message, dot-unstuffed, lines joined by "\r\n"
+}
+
+func newSMTPServer(t *testing.T, rcptReply string) *smtpServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	s := &smtpServer{addr: ln.Addr().String(), rcptReply: rcptReply}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	wg.Go(func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, conn)
+			mu.Unlock()
+			wg.Go(func() { s.serve(conn) })
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return s
+}
+
+func (s *smtpServer) Mails() []smtpMail {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]smtpMail(nil), s.mails...)
+}
+
+func (s *smtpServer) serve(conn net.Conn) {
+	defer conn.Close()
+	tp := textproto.NewConn(conn)
+	reply := func(line string) bool { return tp.PrintfLine("%s", line) == nil }
+	if !reply("220 fake ESMTP") {
+		return
+	}
+	var m smtpMail
+	for {
+		line, err := tp.ReadLine()
+		if err != nil {
+			return
+		}
+		verb := strings.ToUpper(strings.SplitN(line, " ", 2)[0])
+		var ok bool
+		switch verb {
+		case "EHLO", "HELO":
+			ok = reply("250 fake")
+		case "MAIL":
+			m = smtpMail{from: line}
+			ok = reply("250 ok")
+		case "RCPT":
+			m.rcpt = line
+			ok = reply(s.rcptReply)
+		case "DATA":
+			if !reply("354 go ahead") {
+				return
+			}
+			lines, err := tp.ReadDotLines()
+			if err != nil {
+				return
+			}
+			m.data = strings.Join(lines, "\r\n")
+			s.mu.Lock()
+			s.mails = append(s.mails, m)
+			s.mu.Unlock()
+			ok = reply("250 queued")
+		case "RSET", "NOOP":
+			ok = reply("250 ok")
+		case "QUIT":
+			reply("221 bye")
+			return
+		default:
+			ok = reply("502 not implemented")
+		}
+		if !ok {
+			return
+		}
+	}
+}
