@@ -1,0 +1,301 @@
+package cli
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/caarlos0/env/v11"
+	composecli "github.com/compose-spec/compose-go/v2/cli"
+	"github.com/compose-spec/compose-go/v2/types"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/localpg"
+	"github.com/onceflow/onceflow/internal/postgres"
+)
+
+// The compose demo cannot be run here (no Docker engine), so these tests
+// check what can be checked without one: the file as the compose spec's own
+// loader reads it, and the files it mounts, run against real servers.
+
+// repoRoot is where docker-compose.yml is.
+const repoRoot = "../.."
+
+// loadCompose loads docker-compose.yml as `docker compose` would, with an
+// empty environment: every ${VAR:-default} takes its default.
+func loadCompose(t *testing.T) *types.Project {
+	t.Helper()
+	opts, err := composecli.NewProjectOptions(
+		[]string{filepath.Join(repoRoot, "docker-compose.yml")},
+		composecli.WithWorkingDirectory(repoRoot),
+		composecli.WithEnv([]string{}),
+	)
+	require.NoError(t, err)
+	project, err := composecli.ProjectFromOptions(t.Context(), opts)
+	require.NoError(t, err, "docker-compose.yml does not load")
+	return project
+}
+
+// onceflowServices are the compose services that run the onceflow image,
+// with the service command each runs.
+func onceflowServices(t *testing.T, project *types.Project) map[string]service {
+	t.Helper()
+	byName := make(map[string]service)
+	for _, s := range services() {
+		byName[s.name] = s
+	}
+	found := make(map[string]service)
+	for name, svc := range project.Services {
+		if svc.Build == nil {
+			continue
+		}
+		require.Len(t, svc.Command, 1, "compose service %s: command", name)
+		s, ok := byName[svc.Command[0]]
+		require.True(t, ok, "compose service %s runs %q, which is no service command", name, svc.Command[0])
+		found[name] = s
+	}
+	return found
+}
+
+func TestComposeRunsEveryService(t *testing.T) {
+	t.Parallel()
+	project := loadCompose(t)
+	var commands []string
+	for _, s := range onceflowServices(t, project) {
+		commands = append(commands, s.name)
+	}
+	require.ElementsMatch(t, serviceNames(), commands)
+
+	for name, svc := range project.Services {
+		if svc.Build == nil {
+			continue
+		}
+		dockerfile, err := os.ReadFile(filepath.Join(svc.Build.Context, cmp.Or(svc.Build.Dockerfile, "Dockerfile")))
+		require.NoError(t, err, "compose service %s: Dockerfile", name)
+		// The image's binary is where the commands and healthchecks call it.
+		require.Contains(t, string(dockerfile), "go build -trimpath -ldflags=\"-s -w\" -o /out/onceflow ./cmd/onceflow")
+		require.Contains(t, string(dockerfile), "COPY --from=build /out/onceflow /onceflow")
+		require.Contains(t, string(dockerfile), `ENTRYPOINT ["/onceflow"]`)
+		require.Equal(t, "/onceflow", svc.HealthCheck.Test[1], "compose service %s: healthcheck", name)
+	}
+}
+
+func TestComposeEnvironmentIsReadByTheBinary(t *testing.T) {
+	t.Parallel()
+	project := loadCompose(t)
+	for name, s := range onceflowServices(t, project) {
+		svc := project.Services[name]
+		read, err := s.envNames()
+		require.NoError(t, err)
+		require.Contains(t, read, "DATABASE_URL", "the env tags were not found")
+		for key := range svc.Environment {
+			require.Contains(t, read, key, "compose service %s sets %s, which `onceflow %s` does not read", name, key, s.name)
+		}
+		// Every required variable is set.
+		for _, cfg := range []any{s.config, new(LogConfig)} {
+			params, err := env.GetFieldParams(cfg)
+			require.NoError(t, err)
+			for _, p := range params {
+				if p.Required {
+					require.NotNil(t, svc.Environment[p.Key], "compose service %s lacks %s", name, p.Key)
+				}
+			}
+		}
+	}
+}
+
+func TestComposeServiceListensWhereItIsPublishedAndChecked(t *testing.T) {
+	t.Parallel()
+	project := loadCompose(t)
+	for name := range onceflowServices(t, project) {
+		svc := project.Services[name]
+		addr := svc.Environment["HTTP_ADDR"]
+		require.NotNil(t, addr, "compose service %s: HTTP_ADDR", name)
+		host, port, err := net.SplitHostPort(*addr)
+		require.NoError(t, err)
+		require.Equal(t, "0.0.0.0", host, "compose service %s must listen beyond the container's loopback", name)
+
+		require.Len(t, svc.Ports, 1, "compose service %s: ports", name)
+		require.Equal(t, port, strconv.FormatUint(uint64(svc.Ports[0].Target), 10), "compose service %s publishes another port than it listens on", name)
+
+		require.NotNil(t, svc.HealthCheck, "compose service %s: healthcheck", name)
+		test := strings.Join(svc.HealthCheck.Test, " ")
+		require.Contains(t, test, "/onceflow healthcheck http://127.0.0.1:"+port+"/", "compose service %s: healthcheck", name)
+	}
+}
+
+func TestComposeDependenciesHaveHealthchecks(t *testing.T) {
+	t.Parallel()
+	project := loadCompose(t)
+	dependedOn := 0
+	for name, svc := range project.Services {
+		for dep, cfg := range svc.DependsOn {
+			dependedOn++
+			require.Equal(t, types.ServiceConditionHealthy, cfg.Condition, "%s depends on %s", name, dep)
+			target, ok := project.Services[dep]
+			require.True(t, ok, "%s depends on unknown service %s", name, dep)
+			require.NotNil(t, target.HealthCheck, "%s depends on %s, which has no healthcheck", name, dep)
+			require.False(t, target.HealthCheck.Disable, "%s depends on %s, whose healthcheck is disabled", name, dep)
+			require.NotEmpty(t, target.HealthCheck.Test, "%s depends on %s, whose healthcheck tests nothing", name, dep)
+		}
+	}
+	require.Positive(t, dependedOn)
+	require.Contains(t, project.Services["notify"].DependsOn, "mailpit")
+}
+
+func TestComposeHostPortsDoNotClash(t *testing.T) {
+	t.Parallel()
+	project := loadCompose(t)
+	owner := make(map[string]string) // "tcp/8080" → service
+	for name, svc := range project.Services {
+		for _, p := range svc.Ports {
+			require.NotEmpty(t, p.Published, "%s: port %d published on a random host port", name, p.Target)
+			start, end, _ := strings.Cut(p.Published, "-")
+			end = cmp.Or(end, start)
+			require.Equal(t, start, end, "%s: port ranges are not checked", name)
+			key := cmp.Or(p.Protocol, "tcp") + "/" + start
+			prev, taken := owner[key]
+			require.False(t, taken, "host port %s published by %s and %s", key, prev, name)
+			owner[key] = name
+		}
+	}
+	for _, want := range []string{"tcp/8080", "tcp/8081", "tcp/8082", "tcp/8083", "tcp/8025"} {
+		require.Contains(t, owner, want)
+	}
+}
+
+func TestComposeNATSConfig(t *testing.T) {
+	t.Parallel()
+	project := loadCompose(t)
+	nats := project.Services["nats"]
+	conf := mountedFile(t, nats, nats.Command[len(nats.Command)-1])
+
+	opts, err := server.ProcessConfigFile(conf)
+	require.NoError(t, err)
+	require.True(t, opts.JetStream, "JetStream enabled")
+	require.True(t, opts.SyncAlways, "sync_interval: always")
+	require.NotEmpty(t, opts.StoreDir)
+	require.True(t, mountedAt(nats, opts.StoreDir), "the JetStream store %s is on no volume", opts.StoreDir)
+	require.Equal(t, 8222, opts.HTTPPort, "monitoring, for the healthcheck")
+	require.Contains(t, strings.Join(nats.HealthCheck.Test, " "), "http://127.0.0.1:8222/healthz")
+
+	for name := range onceflowServices(t, project) {
+		u, err := url.Parse(*project.Services[name].Environment["NATS_URL"])
+		require.NoError(t, err)
+		require.Equal(t, net.JoinHostPort("nats", strconv.Itoa(opts.Port)), u.Host, "%s: NATS_URL", name)
+	}
+}
+
+// TestComposePostgresInitScript runs the init script the compose file mounts
+// against a cluster of its own (its roles are global to a cluster), then
+// connects as each service does in the compose file: each role migrates its
+// own database and can connect to no other.
+func TestComposePostgresInitScript(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	project := loadCompose(t)
+	pg := project.Services["postgres"]
+	script := ""
+	for _, v := range pg.Volumes {
+		if strings.HasPrefix(v.Target, "/docker-entrypoint-initdb.d/") {
+			script = v.Source
+		}
+	}
+	require.NotEmpty(t, script, "no init script mounted into /docker-entrypoint-initdb.d")
+
+	cluster, err := localpg.Start(ctx, localpg.Config{}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, cluster.Stop(context.Background())) })
+	admin, err := url.Parse(cluster.URL("postgres"))
+	require.NoError(t, err)
+
+	cmd := exec.CommandContext(ctx, "sh", script)
+	cmd.Env = append(os.Environ(), "PGHOST="+admin.Hostname(), "PGPORT="+admin.Port(), "PATH="+psqlDir(t)+":"+os.Getenv("PATH"))
+	for k, v := range pg.Environment {
+		if v != nil {
+			cmd.Env = append(cmd.Env, k+"="+*v)
+		}
+	}
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "init script: %s", out)
+
+	// The compose URLs, pointed at the test cluster.
+	urls := make(map[string]*url.URL)
+	for name, s := range onceflowServices(t, project) {
+		u, err := url.Parse(*project.Services[name].Environment["DATABASE_URL"])
+		require.NoError(t, err)
+		require.Equal(t, "postgres:5432", u.Host, "%s: DATABASE_URL", name)
+		u.Host = admin.Host
+		urls[s.name] = u
+	}
+	for name, u := range urls {
+		pool, err := postgres.Connect(ctx, u.String())
+		require.NoError(t, err, "%s connects to its own database", name)
+		schema, err := postgres.ServiceSchema(name)
+		require.NoError(t, err)
+		err = postgres.Migrate(ctx, pool, schema, slog.New(slog.DiscardHandler))
+		pool.Close()
+		require.NoError(t, err, "%s migrates its own database", name)
+
+		others := []string{"postgres", "template1"}
+		for other, v := range urls {
+			if other != name {
+				others = append(others, strings.TrimPrefix(v.Path, "/"))
+			}
+		}
+		for _, db := range others {
+			v := *u
+			v.Path = "/" + db
+			conn, err := pgx.Connect(ctx, v.String())
+			if err == nil {
+				_ = conn.Close(ctx)
+			}
+			require.ErrorContains(t, err, "permission denied", "%s connects to %s", name, db)
+		}
+	}
+}
+
+// psqlDir is the directory of psql: on PATH, else the newest installed.
+func psqlDir(t *testing.T) string {
+	t.Helper()
+	if path, err := exec.LookPath("psql"); err == nil {
+		return filepath.Dir(path)
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/psql")
+	require.NotEmpty(t, matches, "psql is not installed")
+	slices.Sort(matches)
+	return filepath.Dir(matches[len(matches)-1])
+}
+
+// mountedFile returns the host file that svc mounts at target.
+func mountedFile(t *testing.T, svc types.ServiceConfig, target string) string {
+	t.Helper()
+	for _, v := range svc.Volumes {
+		if v.Type == types.VolumeTypeBind && v.Target == target {
+			return v.Source
+		}
+	}
+	t.Fatalf("compose service %s mounts nothing at %s", svc.Name, target)
+	return ""
+}
+
+// mountedAt reports whether path lies on a volume of svc.
+func mountedAt(svc types.ServiceConfig, path string) bool {
+	for _, v := range svc.Volumes {
+		if path == v.Target || strings.HasPrefix(path, strings.TrimSuffix(v.Target, "/")+"/") {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,164 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+
+	"github.com/onceflow/onceflow/internal/dev"
+	"github.com/onceflow/onceflow/services/inventory"
+	"github.com/onceflow/onceflow/services/notify"
+	"github.com/onceflow/onceflow/services/order"
+	"github.com/onceflow/onceflow/services/payment"
+)
+
+// devEnv is what `onceflow dev` reads from the environment itself; the
+// services read the rest (everything but DATABASE_URL, NATS_URL and
+// HTTP_ADDR, which dev sets).
+type devEnv struct {
+	// DatabaseURL names a PostgreSQL server to use instead of a local
+	// cluster.
+	DatabaseURL string `env:"DATABASE_URL"`
+}
+
+// devStopTimeout bounds the shutdown after Ctrl-C; a second Ctrl-C kills.
+const devStopTimeout = time.Minute
+
+func runDev(ctx context.Context, inv invocation, args []string) error {
+	defaults := dev.DefaultPorts()
+	fs := flagSet("dev", commandUsage("dev"), `
+Runs all four services in one process, on an embedded NATS server with
+JetStream and a throwaway local PostgreSQL cluster with one database per
+service, and prints where everything is. Ctrl-C (SIGINT) or SIGTERM stops
+it cleanly and removes what it created.
+
+With DATABASE_URL set, its server is used instead of a local cluster: the
+databases onceflow_order, onceflow_payment, onceflow_inventory and
+onceflow_notify are created on it if missing, and kept. The services read
+every other setting (CONSUMER_BATCH_SIZE, SMTP_ADDR, …) from the environment
+as 'onceflow <service>' does.`)
+	seed := fs.Bool("seed", false, "credit wallets alice and bob and stock apple, pear and plum once the services are ready")
+	dataDir := fs.String("data-dir", "", "keep PostgreSQL and JetStream data in `DIR` across runs (default: temporary, removed on exit)")
+	durable := fs.Bool("durable", false, "fsync every write (PostgreSQL's defaults, JetStream sync always); off, a machine crash loses recent writes")
+	host := fs.String("host", "127.0.0.1", "address to listen on")
+	httpPort := fs.Int("http-port", defaults.Order, "`port` of the order API; payment, inventory and notify take the next three (0: free ports)")
+	natsPort := fs.Int("nats-port", defaults.NATS, "`port` of the NATS server (0: a free port)")
+	pgPort := fs.Int("pg-port", defaults.Postgres, "`port` of the local PostgreSQL cluster (0: a free port)")
+	if err := parse(fs, args, inv.stdout); err != nil {
+		return helped(err)
+	}
+	if fs.NArg() > 0 {
+		return usageError(fs, "takes no arguments")
+	}
+	denv, err := env.ParseAs[devEnv]()
+	if err != nil {
+		return fmt.Errorf("dev config: %w", err)
+	}
+
+	cfg := dev.Config{
+		Host: *host,
+		Ports: dev.Ports{
+			NATS:     *natsPort,
+			Postgres: *pgPort,
+		},
+		DatabaseURL: denv.DatabaseURL,
+		DataDir:     *dataDir,
+		Durable:     *durable,
+		Environ:     os.Environ(),
+	}
+	if *httpPort != 0 {
+		cfg.Ports.Order, cfg.Ports.Payment, cfg.Ports.Inventory, cfg.Ports.Notify = *httpPort, *httpPort+1, *httpPort+2, *httpPort+3
+	}
+	e, err := dev.Start(ctx, cfg, inv.logger)
+	if err != nil {
+		return fmt.Errorf("dev: %w", err)
+	}
+	printEnv(inv.stdout, e, cfg)
+	if *seed {
+		seeded, err := dev.Seed(ctx, e)
+		if err != nil {
+			return errors.Join(fmt.Errorf("dev: %w", err), stopDev(ctx, e))
+		}
+		printSeeded(inv.stdout, e, seeded)
+	}
+	fmt.Fprintln(inv.stdout, "Press Ctrl-C to stop.")
+
+	<-e.Done() // ctx ended (a signal) or a service failed
+	inv.logger.InfoContext(ctx, "services stopped; stopping NATS and PostgreSQL")
+	if err := stopDev(ctx, e); err != nil {
+		return err
+	}
+	if cfg.DatabaseURL == "" && cfg.DataDir == "" {
+		fmt.Fprintln(inv.stdout, "Stopped; its temporary data is removed.")
+	} else {
+		fmt.Fprintln(inv.stdout, "Stopped; its data is kept.")
+	}
+	return nil
+}
+
+// stopDev stops e, bounded by devStopTimeout even when ctx has ended.
+func stopDev(ctx context.Context, e *dev.Env) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), devStopTimeout)
+	defer cancel()
+	if err := e.Stop(ctx); err != nil {
+		return fmt.Errorf("dev: %w", err)
+	}
+	return nil
+}
+
+// printEnv says where everything is.
+func printEnv(w io.Writer, e *dev.Env, cfg dev.Config) {
+	fmt.Fprintln(w, "\nonceflow dev is running:")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, s := range e.Services {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.Name, s.URL, s.DatabaseURL)
+	}
+	fmt.Fprintf(tw, "  nats\t%s\n", e.NATSURL)
+	_ = tw.Flush()
+	switch {
+	case cfg.DatabaseURL != "":
+		fmt.Fprintln(w, "  PostgreSQL is DATABASE_URL's server; its databases are kept.")
+	case cfg.DataDir != "":
+		fmt.Fprintf(w, "  PostgreSQL and JetStream data are kept in %s.\n", cfg.DataDir)
+	default:
+		fmt.Fprintln(w, "  PostgreSQL and JetStream data are temporary: removed on exit.")
+	}
+	fmt.Fprintln(w, "  Each API serves /healthz, /readyz, /metrics and /openapi.yaml.")
+}
+
+// printSeeded says what Seed wrote and how to place an order.
+func printSeeded(w io.Writer, e *dev.Env, seeded dev.Seeded) {
+	var wallets, stock []string
+	for _, wl := range seeded.Wallets {
+		wallets = append(wallets, fmt.Sprintf("%s %d cents", wl.CustomerID, wl.BalanceCents))
+	}
+	for _, s := range seeded.Stock {
+		stock = append(stock, fmt.Sprintf("%s %d", s.SKU, s.Available))
+	}
+	fmt.Fprintf(w, `
+Seeded wallets: %s.
+Seeded stock:   %s.
+
+Place an order (the same Idempotency-Key again replays it instead of placing another):
+
+  curl -s -X POST %s/orders \
+    -H 'Content-Type: application/json' -H 'Idempotency-Key: demo-1' \
+    -d '{"customer_id":"alice","customer_email":"alice@example.com","items":[{"sku":"apple","quantity":3,"unit_price_cents":120}]}'
+
+Watch it finish, then look at the effects:
+
+  curl -s %s/orders/ORDER_ID
+  curl -s %s/wallets/alice
+  curl -s %s/stock/apple
+  curl -s '%s/notifications?order_id=ORDER_ID'
+
+`, strings.Join(wallets, ", "), strings.Join(stock, ", "),
+		e.URL(order.Name), e.URL(order.Name), e.URL(payment.Name), e.URL(inventory.Name), e.URL(notify.Name))
+}

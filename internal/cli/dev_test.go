@@ -1,0 +1,80 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestDev runs `onceflow dev --seed` on free ports until the signal (here:
+// the context) ends it, as a user would with Ctrl-C.
+func TestDev(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	require.NoError(t, os.Unsetenv("DATABASE_URL")) // a local cluster
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, []string{"dev", "--seed", "--http-port", "0", "--nats-port", "0"}, &stdout, &stderr)
+	}()
+
+	var returned bool
+	var early error
+	require.Eventually(t, func() bool {
+		select {
+		case early = <-done:
+			returned = true
+			return true
+		default:
+		}
+		return strings.Contains(stdout.String(), "Press Ctrl-C to stop.")
+	}, 2*time.Minute, 50*time.Millisecond)
+	require.False(t, returned, "dev returned early: %v\n%s\n%s", early, stdout.String(), stderr.String())
+	out := stdout.String()
+	for _, want := range []string{
+		"onceflow dev is running:",
+		"  order      http://127.0.0.1:",
+		"/onceflow_notify?sslmode=disable",
+		"  nats       nats://127.0.0.1:",
+		"temporary: removed on exit",
+		"Seeded wallets: alice 100000 cents, bob 5000 cents.",
+		"Seeded stock:   apple 100, pear 50, plum 0.",
+		"-H 'Idempotency-Key: demo-1'",
+	} {
+		require.Contains(t, out, want)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		t.Fatal("dev did not stop")
+	}
+	require.True(t, strings.HasSuffix(stdout.String(), "Stopped; its temporary data is removed.\n"), stdout.String())
+}

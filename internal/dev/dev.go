@@ -1,0 +1,371 @@
+package dev
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/onceflow/onceflow/internal/localpg"
+)
+
+const (
+	defaultHost           = "127.0.0.1"
+	defaultDatabasePrefix = "onceflow_"
+	defaultReadyTimeout   = 2 * time.Minute
+	// teardownTimeout bounds the clean-up of a Start that failed.
+	teardownTimeout = time.Minute
+)
+
+// Ports are the TCP ports Start listens on. Zero means a free port chosen by
+// the system.
+type Ports struct {
+	Order, Payment, Inventory, Notify int
+	NATS                              int
+	// Postgres is the local cluster's port; unused with Config.DatabaseURL.
+	Postgres int
+}
+
+// DefaultPorts are the ports of `onceflow dev`: the APIs on 8080 (order),
+// 8081 (payment), 8082 (inventory) and 8083 (notify), NATS on 4222, and
+// PostgreSQL on a free port, since 5432 is often taken by a local server.
+func DefaultPorts() Ports {
+	return Ports{Order: 8080, Payment: 8081, Inventory: 8082, Notify: 8083, NATS: 4222}
+}
+
+// Config configures Start. The zero value runs everything on 127.0.0.1 on
+// free ports, on a throwaway local PostgreSQL cluster, with every service
+// setting at its default: what a test wants.
+type Config struct {
+	// Host is the address everything listens on; default 127.0.0.1.
+	Host  string
+	Ports Ports
+	// DatabaseURL, when set, names an existing PostgreSQL server on which the
+	// four databases are created if missing (and kept), instead of a local
+	// cluster. It must be allowed to create databases unless they exist.
+	DatabaseURL string
+	// DatabasePrefix prefixes the service names to name the databases;
+	// default "onceflow_" (onceflow_order, …).
+	DatabasePrefix string
+	// DataDir, when set, keeps the local cluster (DataDir/postgres) and the
+	// JetStream store (DataDir/nats) across runs. Empty means temporary
+	// directories, removed by Stop.
+	DataDir string
+	// Durable keeps PostgreSQL's crash-safety settings and makes JetStream
+	// fsync every write. Off, a crash of the machine (not of the process)
+	// loses recent writes: fine for a demo.
+	Durable bool
+	// Environ is the environment the services read their configuration from,
+	// as os.Environ returns it. Start overrides DATABASE_URL, NATS_URL and
+	// HTTP_ADDR in it. Nil means every other setting at its default.
+	Environ []string
+	// ReadyTimeout bounds the wait for every service to answer /readyz;
+	// default 2 minutes.
+	ReadyTimeout time.Duration
+}
+
+// Service is where one running service is reachable.
+type Service struct {
+	Name string
+	// URL is the base URL of its HTTP API, e.g. http://127.0.0.1:8080.
+	URL string
+	// DatabaseURL connects to its database.
+	DatabaseURL string
+}
+
+// Env is the running system started by Start.
+type Env struct {
+	// Services are order, payment, inventory and notify, in that order.
+	Services []Service
+	// NATSURL connects to the embedded NATS server.
+	NATSURL string
+
+	logger    *slog.Logger
+	listeners []net.Listener
+	nats      *server.Server
+	tempDirs  []string
+	cluster   *localpg.Cluster
+
+	cancel context.CancelFunc // ends the services
+	done   chan struct{}      // closed when every service has returned
+	runErr error              // of the services; read after done is closed
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Start starts PostgreSQL (or uses Config.DatabaseURL's server), NATS and the
+// four services, and returns once every service answers /readyz. The
+// services run until ctx ends, one of them fails, or Stop is called; the
+// caller must call Stop in every case, to stop NATS and PostgreSQL and remove
+// what Start created. On error, Start has already undone everything.
+func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Env, err error) {
+	cfg.Host = cmp.Or(cfg.Host, defaultHost)
+	cfg.DatabasePrefix = cmp.Or(cfg.DatabasePrefix, defaultDatabasePrefix)
+	cfg.ReadyTimeout = cmp.Or(cfg.ReadyTimeout, defaultReadyTimeout)
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.DataDir != "" {
+		// The cluster's processes run in other working directories.
+		if cfg.DataDir, err = filepath.Abs(cfg.DataDir); err != nil {
+			return nil, fmt.Errorf("data directory: %w", err)
+		}
+	}
+	e := &Env{logger: logger, done: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), teardownTimeout)
+			defer cancel()
+			err = errors.Join(err, e.Stop(ctx))
+		}
+	}()
+
+	services := all()
+	// The HTTP listeners first: a port in use is the likeliest failure, and
+	// is reported before anything slow has started.
+	ports := []int{cfg.Ports.Order, cfg.Ports.Payment, cfg.Ports.Inventory, cfg.Ports.Notify}
+	for i, svc := range services {
+		addr := net.JoinHostPort(cfg.Host, strconv.Itoa(ports[i]))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("%s API on %s: %w", svc.name, addr, err)
+		}
+		e.listeners = append(e.listeners, ln)
+		e.Services = append(e.Services, Service{Name: svc.name, URL: "http://" + ln.Addr().String()})
+	}
+
+	if err := e.startNATS(cfg); err != nil {
+		return nil, err
+	}
+	serverURL, err := e.startPostgres(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(services))
+	for i, svc := range services {
+		names[i] = cfg.DatabasePrefix + svc.name
+		e.Services[i].DatabaseURL = serverURL(names[i])
+	}
+	if err := createDatabases(ctx, serverURL(""), names); err != nil {
+		return nil, err
+	}
+
+	environ := environMap(cfg.Environ)
+	runCtx, cancel := context.WithCancel(ctx)
+	e.cancel = cancel
+	g, gctx := errgroup.WithContext(runCtx)
+	for i, svc := range services {
+		env := overlay(environ, map[string]string{
+			"DATABASE_URL": e.Services[i].DatabaseURL,
+			"NATS_URL":     e.NATSURL,
+			"HTTP_ADDR":    e.listeners[i].Addr().String(),
+		})
+		ln := e.listeners[i]
+		g.Go(func() error {
+			if err := svc.run(gctx, env, ln, logger); err != nil {
+				return fmt.Errorf("%s: %w", svc.name, err)
+			}
+			return nil
+		})
+	}
+	go func() {
+		e.runErr = g.Wait()
+		close(e.done)
+	}()
+
+	if err := e.waitReady(ctx, cfg.ReadyTimeout); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// URL is the base URL of the named service's HTTP API, or "" if there is no
+// such service.
+func (e *Env) URL(service string) string {
+	for _, s := range e.Services {
+		if s.Name == service {
+			return s.URL
+		}
+	}
+	return ""
+}
+
+// Done is closed when every service has returned: the context given to
+// Start ended, a service failed, or Stop was called.
+func (e *Env) Done() <-chan struct{} { return e.done }
+
+// Wait waits until every service has returned and returns the first error
+// among them.
+func (e *Env) Wait() error {
+	<-e.done
+	return e.runErr
+}
+
+// Stop stops the services and waits for them to finish (each flushes its
+// outbox while NATS and PostgreSQL are still up), then shuts NATS and the
+// local cluster down and removes the directories Start created. It returns
+// the services' error, if any, with those of the teardown. ctx bounds the
+// cluster's shutdown; the services are bounded by their SHUTDOWN_TIMEOUT.
+// Calling Stop again returns the same result.
+func (e *Env) Stop(ctx context.Context) error {
+	e.stopOnce.Do(func() { e.stopErr = e.stop(ctx) })
+	return e.stopErr
+}
+
+func (e *Env) stop(ctx context.Context) error {
+	var errs []error
+	if e.cancel != nil {
+		e.cancel()
+		errs = append(errs, e.Wait())
+	} else {
+		close(e.done) // the services never started
+	}
+	// A service that failed before serving has not closed its listener.
+	for _, ln := range e.listeners {
+		_ = ln.Close()
+	}
+	if e.nats != nil {
+		e.nats.Shutdown()
+		e.nats.WaitForShutdown()
+	}
+	if e.cluster != nil {
+		errs = append(errs, e.cluster.Stop(ctx))
+	}
+	for _, dir := range e.tempDirs {
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, fmt.Errorf("remove %s: %w", dir, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// startNATS starts the embedded NATS server with JetStream.
+func (e *Env) startNATS(cfg Config) error {
+	storeDir, err := e.dir(cfg.DataDir, "nats")
+	if err != nil {
+		return err
+	}
+	port := cfg.Ports.NATS
+	addr := net.JoinHostPort(cfg.Host, strconv.Itoa(port))
+	if port == 0 {
+		port = server.RANDOM_PORT // 0 would mean 4222 to nats-server
+	} else {
+		// nats-server reports a port in use only to its log, after Start;
+		// try the port first so that the error says what is wrong.
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("nats on %s (is another NATS server or onceflow dev running?): %w", addr, err)
+		}
+		_ = ln.Close()
+	}
+	srv, err := server.NewServer(&server.Options{
+		ServerName: "onceflow-dev",
+		Host:       cfg.Host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   storeDir,
+		SyncAlways: cfg.Durable,
+		NoSigs:     true,
+	})
+	if err != nil {
+		return fmt.Errorf("embedded nats: %w", err)
+	}
+	srv.SetLoggerV2(natsLogger{e.logger.With("component", "nats")}, false, false, false)
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		return fmt.Errorf("embedded nats on %s not ready for connections (see its log above)", addr)
+	}
+	e.nats = srv
+	e.NATSURL = srv.ClientURL()
+	return nil
+}
+
+// startPostgres starts the local cluster, unless cfg names a server, and
+// returns how to name a database on the server.
+func (e *Env) startPostgres(ctx context.Context, cfg Config) (func(database string) string, error) {
+	if cfg.DatabaseURL != "" {
+		return serverURLs(cfg.DatabaseURL)
+	}
+	var dir string
+	if cfg.DataDir != "" {
+		dir = filepath.Join(cfg.DataDir, "postgres")
+		// Traversable: as root, the server runs as the postgres user.
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("create %s: %w", dir, err)
+		}
+	}
+	cluster, err := localpg.Start(ctx, localpg.Config{
+		Dir:     dir,
+		Port:    cfg.Ports.Postgres,
+		Durable: cfg.Durable,
+	}, e.logger.With("component", "postgres"))
+	if err != nil {
+		return nil, fmt.Errorf("local postgres (set DATABASE_URL to use a server of your own): %w", err)
+	}
+	e.cluster = cluster
+	return func(database string) string { return cluster.URL(cmp.Or(database, "postgres")) }, nil
+}
+
+// dir returns dataDir/name, created if missing, or a new temporary
+// directory that Stop removes.
+func (e *Env) dir(dataDir, name string) (string, error) {
+	if dataDir == "" {
+		dir, err := os.MkdirTemp("", "onceflow-"+name+"-")
+		if err != nil {
+			return "", fmt.Errorf("create %s directory: %w", name, err)
+		}
+		e.tempDirs = append(e.tempDirs, dir)
+		return dir, nil
+	}
+	dir := filepath.Join(dataDir, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("create %s: %w", dir, err)
+	}
+	return dir, nil
+}
+
+// environMap turns "KEY=value" entries into a map; the last one wins, as in
+// exec.Cmd.Env.
+func environMap(environ []string) map[string]string {
+	m := make(map[string]string, len(environ))
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// overlay returns a copy of base with over applied.
+func overlay(base, over map[string]string) map[string]string {
+	m := make(map[string]string, len(base)+len(over))
+	maps.Copy(m, base)
+	maps.Copy(m, over)
+	return m
+}
+
+// natsLogger sends the embedded server's log to slog. Its notices (the
+// start-up banner) are debug-level: dev prints where NATS is itself.
+type natsLogger struct{ logger *slog.Logger }
+
+func (l natsLogger) Noticef(format string, v ...any) { l.logger.Debug(fmt.Sprintf(format, v...)) }
+func (l natsLogger) Warnf(format string, v ...any)   { l.logger.Warn(fmt.Sprintf(format, v...)) }
+func (l natsLogger) Fatalf(format string, v ...any)  { l.logger.Error(fmt.Sprintf(format, v...)) }
+func (l natsLogger) Errorf(format string, v ...any)  { l.logger.Error(fmt.Sprintf(format, v...)) }
+func (l natsLogger) Debugf(format string, v ...any)  { l.logger.Debug(fmt.Sprintf(format, v...)) }
+func (l natsLogger) Tracef(format string, v ...any)  { l.logger.Debug(fmt.Sprintf(format, v...)) }

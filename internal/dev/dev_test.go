@@ -1,0 +1,242 @@
+package dev_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/dev"
+	"github.com/onceflow/onceflow/internal/postgres"
+	"github.com/onceflow/onceflow/internal/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+// TestStartStop runs `onceflow dev` as its command does, on a local cluster
+// and on free ports, and checks that Stop leaves nothing behind.
+func TestStartStop(t *testing.T) {
+	// The temporary directories of dev and its cluster go here, to be
+	// counted; traversable by the postgres user when running as root.
+	// (t.TempDir is not: its parent is private.)
+	tmp, err := os.MkdirTemp("", "devtest-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	require.NoError(t, os.Chmod(tmp, 0o755))
+	t.Setenv("TMPDIR", tmp)
+	ctx := t.Context()
+
+	e, err := dev.Start(ctx, dev.Config{}, testLogger(t))
+	require.NoError(t, err)
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			require.NoError(t, e.Stop(context.Background()))
+		}
+	})
+
+	require.Len(t, e.Services, 4)
+	for i, name := range []string{"order", "payment", "inventory", "notify"} {
+		s := e.Services[i]
+		require.Equal(t, name, s.Name)
+		require.Equal(t, s.URL, e.URL(name))
+		require.True(t, strings.HasPrefix(s.URL, "http://127.0.0.1:"), s.URL)
+		require.Contains(t, s.DatabaseURL, "/onceflow_"+name+"?")
+		for _, path := range []string{"/healthz", "/readyz"} {
+			resp, err := client(t).Get(s.URL + path)
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, http.StatusOK, resp.StatusCode, name+path)
+		}
+	}
+	require.Empty(t, e.URL("shipping"))
+	entries, err := os.ReadDir(tmp)
+	require.NoError(t, err)
+	require.Len(t, entries, 2, "a NATS store and a cluster directory")
+
+	select {
+	case <-e.Done():
+		t.Fatal("Done before Stop")
+	default:
+	}
+	require.NoError(t, e.Stop(context.Background()))
+	stopped = true
+	<-e.Done()
+	require.NoError(t, e.Wait())
+	require.NoError(t, e.Stop(context.Background()), "a second Stop")
+
+	for _, s := range e.Services {
+		_, err := client(t).Get(s.URL + "/healthz")
+		require.Error(t, err, "%s still serving", s.Name)
+	}
+	natsURL, err := url.Parse(e.NATSURL)
+	require.NoError(t, err)
+	_, err = net.DialTimeout("tcp", natsURL.Host, time.Second)
+	require.Error(t, err, "NATS still listening")
+	dbURL, err := url.Parse(e.Services[0].DatabaseURL)
+	require.NoError(t, err)
+	_, err = net.DialTimeout("tcp", dbURL.Host, time.Second)
+	require.Error(t, err, "PostgreSQL still listening")
+	entries, err = os.ReadDir(tmp)
+	require.NoError(t, err)
+	require.Empty(t, entries, "Stop left directories behind")
+}
+
+// TestStartFailsCleanly starts dev on an HTTP port in use: Start fails,
+// saying which, and leaves nothing behind.
+func TestStartFailsCleanly(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { busy.Close() })
+	port := busy.Addr().(*net.TCPAddr).Port
+
+	_, err = dev.Start(t.Context(), dev.Config{Ports: dev.Ports{Inventory: port}}, testLogger(t))
+	require.ErrorContains(t, err, fmt.Sprintf("inventory API on 127.0.0.1:%d", port))
+
+	_, err = dev.Start(t.Context(), dev.Config{Ports: dev.Ports{NATS: port}}, testLogger(t))
+	require.ErrorContains(t, err, fmt.Sprintf("nats on 127.0.0.1:%d", port))
+	entries, err := os.ReadDir(tmp)
+	require.NoError(t, err)
+	require.Empty(t, entries)
+}
+
+// onServer configures dev for the test PostgreSQL server (DATABASE_URL
+// mode), in databases of its own that are dropped when the test ends.
+func onServer(t *testing.T, name string) dev.Config {
+	t.Helper()
+	admin := testenv.NewDatabase(t, postgres.Schema{}).AdminURL()
+	prefix := fmt.Sprintf("dev%d_%s_", os.Getpid(), name)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, admin)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		for _, name := range []string{"order", "payment", "inventory", "notify"} {
+			_, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{prefix + name}.Sanitize()+" WITH (FORCE)")
+			require.NoError(t, err)
+		}
+	})
+	return dev.Config{DatabaseURL: admin, DatabasePrefix: prefix}
+}
+
+// TestSaga runs the whole saga through the HTTP APIs: an order that is
+// confirmed, one rejected for funds, and one cancelled for stock and
+// refunded.
+func TestSaga(t *testing.T) {
+	t.Parallel()
+	e, err := dev.Start(t.Context(), onServer(t, "saga"), testLogger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, e.Stop(context.Background())) })
+	seeded, err := dev.Seed(t.Context(), e)
+	require.NoError(t, err)
+	require.Equal(t, dev.Seeded{
+		Wallets: []dev.Wallet{{CustomerID: "alice", BalanceCents: 100_000}, {CustomerID: "bob", BalanceCents: 5_000}},
+		Stock:   []dev.StockItem{{SKU: "apple", Available: 100}, {SKU: "pear", Available: 50}, {SKU: "plum", Available: 0}},
+	}, seeded)
+
+	confirmed := placeOrder(t, e, "alice", "apple", 3, 120)
+	rejected := placeOrder(t, e, "bob", "pear", 10, 1_000) // 10000 > 5000
+	cancelled := placeOrder(t, e, "alice", "plum", 1, 500)
+
+	requireStatus(t, e, confirmed, "CONFIRMED")
+	requireStatus(t, e, rejected, "REJECTED")
+	requireStatus(t, e, cancelled, "CANCELLED")
+	// The refund of the cancelled order comes after the cancellation.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var w dev.Wallet
+		getJSON(c, e.URL("payment")+"/wallets/alice", &w)
+		require.Equal(c, int64(100_000-360), w.BalanceCents)
+	}, 30*time.Second, 50*time.Millisecond)
+
+	var w dev.Wallet
+	getJSON(t, e.URL("payment")+"/wallets/bob", &w)
+	require.Equal(t, int64(5_000), w.BalanceCents)
+	for sku, want := range map[string]int64{"apple": 97, "pear": 50, "plum": 0} {
+		var s dev.StockItem
+		getJSON(t, e.URL("inventory")+"/stock/"+sku, &s)
+		require.Equal(t, want, s.Available, sku)
+	}
+}
+
+// TestReuseDatabases starts dev twice on the same databases: the second run
+// finds them, and seeding again replays the credits instead of adding them.
+func TestReuseDatabases(t *testing.T) {
+	t.Parallel()
+	cfg := onServer(t, "reuse")
+	for range 2 {
+		e, err := dev.Start(t.Context(), cfg, testLogger(t))
+		require.NoError(t, err)
+		_, err = dev.Seed(t.Context(), e)
+		require.NoError(t, err)
+		var w dev.Wallet
+		getJSON(t, e.URL("payment")+"/wallets/alice", &w)
+		require.Equal(t, int64(100_000), w.BalanceCents)
+		require.NoError(t, e.Stop(context.Background()))
+	}
+}
+
+type order struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
+}
+
+func placeOrder(t *testing.T, e *dev.Env, customer, sku string, quantity, unitPriceCents int) string {
+	t.Helper()
+	body := fmt.Sprintf(`{"customer_id":%q,"customer_email":"%s@example.com","items":[{"sku":%q,"quantity":%d,"unit_price_cents":%d}]}`,
+		customer, customer, sku, quantity, unitPriceCents)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, e.URL("order")+"/orders", bytes.NewBufferString(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", t.Name()+"-"+customer+"-"+sku)
+	resp, err := client(t).Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	var o order
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&o))
+	require.NotEmpty(t, o.ID)
+	return o.ID
+}
+
+func requireStatus(t *testing.T, e *dev.Env, id, want string) {
+	t.Helper()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var o order
+		getJSON(c, e.URL("order")+"/orders/"+id, &o)
+		require.Equal(c, want, o.Status)
+	}, 30*time.Second, 50*time.Millisecond, "order %s", id)
+}
+
+func getJSON(t require.TestingT, url string, out any) {
+	resp, err := (&http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}).Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, url)
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(out))
+}
+
+// client is an HTTP client that keeps no connections open after the test.
+func client(t *testing.T) *http.Client {
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	t.Cleanup(c.CloseIdleConnections)
+	return c
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+}

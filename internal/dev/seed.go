@@ -1,0 +1,111 @@
+package dev
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+
+	"github.com/onceflow/onceflow/internal/httpapi"
+	"github.com/onceflow/onceflow/services/inventory"
+	"github.com/onceflow/onceflow/services/payment"
+)
+
+// Wallet is a seeded wallet.
+type Wallet struct {
+	CustomerID   string `json:"customer_id"`
+	BalanceCents int64  `json:"balance_cents"`
+}
+
+// StockItem is a seeded stock level.
+type StockItem struct {
+	SKU       string `json:"sku"`
+	Available int64  `json:"available"`
+}
+
+// Seeded is the demo data Seed wrote, as the APIs answered.
+type Seeded struct {
+	Wallets []Wallet
+	Stock   []StockItem
+}
+
+// demoData is what Seed writes: a rich and a poor customer, and SKUs in
+// stock, in short supply and sold out, so that an order can be confirmed,
+// rejected for funds or cancelled for stock.
+func demoData() Seeded {
+	return Seeded{
+		Wallets: []Wallet{
+			{CustomerID: "alice", BalanceCents: 100_000},
+			{CustomerID: "bob", BalanceCents: 5_000},
+		},
+		Stock: []StockItem{
+			{SKU: "apple", Available: 100},
+			{SKU: "pear", Available: 50},
+			{SKU: "plum", Available: 0},
+		},
+	}
+}
+
+// Seed credits the demo wallets and stocks the demo SKUs through the HTTP
+// APIs of e. Each credit carries an Idempotency-Key derived from the wallet,
+// so seeding again (a dev run on a kept data directory) is a replay, not a
+// second credit; stock is set, not added.
+func Seed(ctx context.Context, e *Env) (Seeded, error) {
+	client := newClient()
+	demo := demoData()
+	var seeded Seeded
+	for _, w := range demo.Wallets {
+		var got Wallet
+		u := e.URL(payment.Name) + "/wallets/" + url.PathEscape(w.CustomerID) + "/credits"
+		body := map[string]int64{"amount_cents": w.BalanceCents}
+		if err := call(ctx, client, http.MethodPost, u, "dev-seed-credit-"+w.CustomerID, body, &got); err != nil {
+			return seeded, fmt.Errorf("seed: credit wallet %s: %w", w.CustomerID, err)
+		}
+		seeded.Wallets = append(seeded.Wallets, got)
+	}
+	for _, s := range demo.Stock {
+		var got StockItem
+		u := e.URL(inventory.Name) + "/stock/" + url.PathEscape(s.SKU)
+		body := map[string]int64{"available": s.Available}
+		if err := call(ctx, client, http.MethodPut, u, "", body, &got); err != nil {
+			return seeded, fmt.Errorf("seed: stock %s: %w", s.SKU, err)
+		}
+		seeded.Stock = append(seeded.Stock, got)
+	}
+	return seeded, nil
+}
+
+// call sends body as JSON and decodes a 2xx answer into out.
+func call(ctx context.Context, client *http.Client, method, url, idempotencyKey string, body, out any) error {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if idempotencyKey != "" {
+		req.Header.Set(httpapi.HeaderIdempotencyKey, idempotencyKey)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	respBody, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return fmt.Errorf("%s %s: read answer: %w", method, url, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("%s %s: %s: %s", method, url, resp.Status, bytes.TrimSpace(respBody))
+	}
+	if err := json.Unmarshal(respBody, out); err != nil {
+		return fmt.Errorf("%s %s: decode answer: %w", method, url, err)
+	}
+	return nil
+}
