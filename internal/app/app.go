@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -18,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/internal/idempotency"
 	"github.com/onceflow/onceflow/internal/inbox"
@@ -104,12 +108,13 @@ func Run(ctx context.Context, name string, cfg Config, logger *slog.Logger, buil
 	consumers := make([]*inbox.Consumer, len(spec.Subscriptions))
 	for i, sub := range spec.Subscriptions {
 		consumers[i] = inbox.New(pool, js, inbox.Config{
-			Stream:    sub.Stream,
-			Durable:   sub.Durable,
-			BatchSize: cfg.ConsumerBatchSize,
-			Batched:   cfg.ConsumerBatched,
-			Workers:   cfg.ConsumerWorkers,
-			Retention: cfg.InboxRetention,
+			Stream:      sub.Stream,
+			Durable:     sub.Durable,
+			BatchSize:   cfg.ConsumerBatchSize,
+			Batched:     cfg.ConsumerBatched,
+			Workers:     cfg.ConsumerWorkers,
+			Retention:   cfg.InboxRetention,
+			AfterCommit: killAfterCommit(cfg.FaultKillAfterCommit, logger),
 		}, sub.Handler, logger.With("consumer", sub.Durable))
 	}
 	registry.MustRegister(newCollector(relay, consumers, spec.Subscriptions))
@@ -200,5 +205,19 @@ func newHTTPServer(cfg Config, logger *slog.Logger, pool *pgxpool.Pool, nc *nats
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
+	}
+}
+
+// killAfterCommit is the fault hook behind FaultKillAfterCommit: a real
+// SIGKILL, so nothing is flushed or acked on the way out.
+func killAfterCommit(probability float64, logger *slog.Logger) func(event.Envelope) {
+	if probability <= 0 {
+		return nil
+	}
+	return func(ev event.Envelope) {
+		if rand.Float64() < probability {
+			logger.Warn("fault injection: killing the process between commit and ack", "event_id", ev.ID)
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
 	}
 }

@@ -35,6 +35,11 @@ type Config struct {
 
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
 
+	// FaultKillAfterCommit is for the end-to-end fault suite only: the
+	// probability (0..1) that the process SIGKILLs itself right after an inbox
+	// transaction commits and before the message is acked.
+	FaultKillAfterCommit float64 `env:"ONCEFLOW_FAULT_KILL_AFTER_COMMIT"`
+
 	// HTTPListener, when set (by tests and `onceflow dev`), is served instead
 	// of listening on HTTPAddr.
 	HTTPListener net.Listener `env:"-"`

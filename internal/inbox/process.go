@@ -269,6 +269,9 @@ func (c *Consumer) settle(ctx context.Context, d *delivery) {
 			c.duplicates.Add(1)
 			c.logger.DebugContext(ctx, "duplicate dropped", "event_id", d.ev.ID, "stream_seq", d.meta.Sequence.Stream)
 		}
+		if d.outcome == processed && c.cfg.AfterCommit != nil {
+			c.cfg.AfterCommit(d.ev)
+		}
 		if c.skipAck != nil && c.skipAck(d.ev) {
 			return
 		}
