@@ -3,7 +3,9 @@ package streams
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -108,7 +110,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, t Topology) error {
 		MaxAge:   cmp.Or(cfg.DLQMaxAge, defaultDLQMaxAge),
 	}}, t.Streams...)
 	for _, s := range streams {
-		_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		if err := provisionStream(ctx, js, jetstream.StreamConfig{
 			Name:       s.Name,
 			Subjects:   s.Subjects,
 			Storage:    cmp.Or(cfg.Storage, defaultStorageType),
@@ -117,8 +119,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, t Topology) error {
 			MaxAge:     cmp.Or(s.MaxAge, cfg.MaxAge, defaultMaxAge),
 			Retention:  jetstream.LimitsPolicy,
 			Discard:    jetstream.DiscardOld,
-		})
-		if err != nil {
+		}); err != nil {
 			return fmt.Errorf("provision stream %s: %w", s.Name, err)
 		}
 	}
@@ -143,4 +144,30 @@ func Provision(ctx context.Context, js jetstream.JetStream, t Topology) error {
 		}
 	}
 	return nil
+}
+
+// provisionStream creates the stream, or updates it only when its
+// configuration differs. Every service provisions at start-up, often at the
+// same moment; an update that changes nothing would still race with another
+// service creating its consumers on the stream (nats-server 2.15 reads the
+// stream config unlocked there, which the race detector reports).
+func provisionStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) error {
+	s, err := js.Stream(ctx, cfg.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		// A concurrent creator may win; creating an identical stream again
+		// succeeds.
+		_, err = js.CreateStream(ctx, cfg)
+		return err
+	case err != nil:
+		return err
+	}
+	have := s.CachedInfo().Config
+	if slices.Equal(have.Subjects, cfg.Subjects) && have.Storage == cfg.Storage &&
+		have.Replicas == cfg.Replicas && have.Duplicates == cfg.Duplicates &&
+		have.MaxAge == cfg.MaxAge && have.Retention == cfg.Retention && have.Discard == cfg.Discard {
+		return nil
+	}
+	_, err = js.UpdateStream(ctx, cfg)
+	return err
 }
