@@ -1,7 +1,7 @@
 # The two commands that matter: `make test` (what CI runs) and `make run`.
 GO ?= go
 
-.PHONY: test generate verify-sqlc vet build
+.PHONY: test generate verify-sqlc vet build bench
 
 ## test: every test against real PostgreSQL and NATS JetStream, race detector on
 test:
@@ -20,3 +20,7 @@ vet:
 
 build:
 	$(GO) build -o bin/onceflow ./cmd/onceflow
+
+## bench: the benchmarks side by side (real PostgreSQL, fast and durable, and NATS), with the ratios against the targets; BENCH=regexp COUNT=n EVENTS=n narrow it
+bench:
+	bash bench/run.sh

@@ -1,13 +1,14 @@
 #!/bin/sh
-# Creates the databases of onceflow's four services, each owned by a role of
-# its own that can connect to its own database and to no other.
+# Creates the databases of onceflow's services, each owned by a role of its
+# own that can connect to its own database and to no other.
 #
 # The postgres image runs this once, on an empty data directory, from
-# /docker-entrypoint-initdb.d (docker-compose.yml mounts it there). The role
-# passwords come from ORDER_DB_PASSWORD, PAYMENT_DB_PASSWORD,
-# INVENTORY_DB_PASSWORD and NOTIFY_DB_PASSWORD (default: the service name);
-# keep them free of characters that need escaping in a URL, since the
-# services' DATABASE_URLs embed them.
+# /docker-entrypoint-initdb.d (docker-compose.yml mounts it there). Every
+# <SERVICE>_DB_PASSWORD variable of the environment names a service and is
+# its role's password (docker-compose.yml sets ORDER_DB_PASSWORD,
+# PAYMENT_DB_PASSWORD, INVENTORY_DB_PASSWORD, NOTIFY_DB_PASSWORD and one per
+# service added since); keep them free of characters that need escaping in a
+# URL, since the services' DATABASE_URLs embed them.
 set -e # not -u: the image sources the script when it is not executable
 
 run_psql() {
@@ -15,9 +16,14 @@ run_psql() {
 		--username "${POSTGRES_USER:-postgres}" --dbname "${POSTGRES_DB:-postgres}" "$@"
 }
 
-for service in order payment inventory notify; do
+services=$(env | sed -n 's/^\([A-Z][A-Z0-9_]*\)_DB_PASSWORD=.*/\1/p' | tr '[:upper:]' '[:lower:]' | sort)
+if [ -z "$services" ]; then
+	echo "init-databases.sh: no <SERVICE>_DB_PASSWORD variable set" >&2
+	exit 1
+fi
+for service in $services; do
 	password_var=$(printf '%s_DB_PASSWORD' "$service" | tr '[:lower:]' '[:upper:]')
-	eval "password=\${$password_var:-$service}"
+	eval "password=\${$password_var}"
 	# The owner may create in the public schema (PostgreSQL 15+: it belongs
 	# to pg_database_owner); PUBLIC loses the default CONNECT and TEMP.
 	run_psql -v name="onceflow_$service" -v password="$password" <<'SQL'

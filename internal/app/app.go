@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 	"github.com/onceflow/onceflow/internal/outbox"
 	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/internal/telemetry"
 )
 
 // Deps are the connections a service builds its Spec from.
@@ -41,11 +43,18 @@ type Deps struct {
 type Subscription struct {
 	Stream, Durable string
 	Handler         inbox.Handler
+	// BatchHandler, when set, is the Handler's set-based form for batched
+	// consumers (see inbox.BatchHandler); Config.ConsumerSetBased turns it off.
+	BatchHandler inbox.BatchHandler
 }
 
 // Spec is what a service adds to the shared runtime.
 type Spec struct {
 	Subscriptions []Subscription
+	// Consumers are durable consumers the service adds to the saga's
+	// topology (streams.Saga) for its own subscriptions, provisioned before
+	// they start: how a service added later brings its durables along.
+	Consumers []streams.Consumer
 	// Routes registers the service's HTTP routes.
 	Routes func(e *echo.Echo)
 	// Background loops run beside the consumers and end with ctx.
@@ -54,10 +63,35 @@ type Spec struct {
 
 // Run runs the service name until ctx is done. build receives the
 // connections once the database is migrated and the streams provisioned.
-func Run(ctx context.Context, name string, cfg Config, logger *slog.Logger, build func(Deps) (Spec, error)) error {
-	logger = logger.With("service", name)
+func Run(ctx context.Context, name string, cfg Config, logger *slog.Logger, build func(Deps) (Spec, error)) (err error) {
+	// Records logged with a context carry its trace id and event ids.
+	logger = slog.New(telemetry.NewLogHandler(logger.Handler())).With("service", name)
 
-	pool, err := postgres.Connect(ctx, cfg.DatabaseURL)
+	tp := cfg.TracerProvider
+	if tp == nil {
+		var shutdown func(context.Context) error
+		if tp, shutdown, err = newTracerProvider(ctx, cfg.Tracing, name); err != nil {
+			return err
+		}
+		defer func() {
+			// Last, so that the spans of the shutdown are exported too.
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+			defer cancel()
+			if serr := shutdown(sctx); serr != nil {
+				err = errors.Join(err, fmt.Errorf("shut down tracing: %w", serr))
+			}
+		}()
+	}
+
+	// The pool of the HTTP handlers, the service's background loops and the
+	// cleaners. pgx's default size, the number of CPUs (at least 4), is too
+	// small for concurrent requests on a small machine; pool_max_conns in
+	// DATABASE_URL still wins.
+	pool, err := postgres.Connect(ctx, cfg.DatabaseURL, func(pc *pgxpool.Config) {
+		if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
+			pc.MaxConns = cfg.DatabaseMaxConns
+		}
+	})
 	if err != nil {
 		return err
 	}
@@ -95,31 +129,72 @@ func Run(ctx context.Context, name string, cfg Config, logger *slog.Logger, buil
 	}
 
 	registry := prometheus.NewRegistry()
-	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := errors.Join(
+		registry.Register(collectors.NewGoCollector()),
+		registry.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})),
+	); err != nil {
+		return fmt.Errorf("register metrics: %w", err)
+	}
+	m, err := newMetrics(registry)
+	if err != nil {
+		return fmt.Errorf("register metrics: %w", err)
+	}
 	spec, err := build(Deps{Pool: pool, Logger: logger, Registry: registry})
 	if err != nil {
 		return fmt.Errorf("build %s: %w", name, err)
 	}
+	if err := streams.Provision(ctx, js, streams.Topology{Config: cfg.Streams(), Consumers: spec.Consumers}); err != nil {
+		return err
+	}
 
-	relay := outbox.NewRelay(pool, js, outbox.RelayConfig{
-		BatchSize:    cfg.OutboxBatchSize,
-		PollInterval: cfg.OutboxPollInterval,
+	// The consumers and the relay drain the saga; they get connections of
+	// their own, one per fetch loop and two for the relay (its batches and
+	// the lag collector), so that a burst of HTTP requests queues at the
+	// edge instead of starving them.
+	workPool, err := postgres.Connect(ctx, cfg.DatabaseURL, func(pc *pgxpool.Config) {
+		pc.MaxConns = int32(len(spec.Subscriptions)*max(cfg.ConsumerWorkers, 1) + 2)
+	})
+	if err != nil {
+		return err
+	}
+	defer workPool.Close()
+
+	relay := outbox.NewRelay(workPool, js, outbox.RelayConfig{
+		BatchSize:      cfg.OutboxBatchSize,
+		PollInterval:   cfg.OutboxPollInterval,
+		Observer:       relayObserver{m},
+		TracerProvider: tp,
 	}, logger)
 	consumers := make([]*inbox.Consumer, len(spec.Subscriptions))
 	for i, sub := range spec.Subscriptions {
-		consumers[i] = inbox.New(pool, js, inbox.Config{
-			Stream:      sub.Stream,
-			Durable:     sub.Durable,
-			BatchSize:   cfg.ConsumerBatchSize,
-			Batched:     cfg.ConsumerBatched,
-			Workers:     cfg.ConsumerWorkers,
-			Retention:   cfg.InboxRetention,
-			AfterCommit: killAfterCommit(cfg.FaultKillAfterCommit, logger),
-		}, sub.Handler, logger.With("consumer", sub.Durable))
+		if !cfg.ConsumerSetBased {
+			sub.BatchHandler = nil
+		}
+		consumers[i] = inbox.New(workPool, js, inbox.Config{
+			Stream:       sub.Stream,
+			Durable:      sub.Durable,
+			BatchSize:    cfg.ConsumerBatchSize,
+			Batched:      cfg.ConsumerBatched,
+			BatchHandler: sub.BatchHandler,
+			Workers:      cfg.ConsumerWorkers,
+			Retention:    cfg.InboxRetention,
+			AfterCommit:  killAfterCommit(cfg.FaultKillAfterCommit, logger),
+			Observer:     m.consumer(sub.Durable, tp),
+		}, sub.Handler, logger)
 	}
-	registry.MustRegister(newCollector(relay, consumers, spec.Subscriptions))
+	if err := errors.Join(
+		registry.Register(newStatsCollector(relay, consumers, spec.Subscriptions)),
+		registry.Register(newPoolCollector(pool, "http")),
+		registry.Register(newPoolCollector(workPool, "consumers")),
+	); err != nil {
+		return fmt.Errorf("register metrics: %w", err)
+	}
+	observe, err := httpapi.Observe(registry, tp)
+	if err != nil {
+		return fmt.Errorf("register metrics: %w", err)
+	}
 
-	srv := newHTTPServer(cfg, logger, pool, nc, registry, spec.Routes)
+	srv := newHTTPServer(cfg, logger, pool, nc, registry, observe, spec.Routes)
 	ln := cfg.HTTPListener
 	if ln == nil {
 		if ln, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
@@ -181,8 +256,8 @@ func Run(ctx context.Context, name string, cfg Config, logger *slog.Logger, buil
 	return err
 }
 
-func newHTTPServer(cfg Config, logger *slog.Logger, pool *pgxpool.Pool, nc *nats.Conn, registry *prometheus.Registry, routes func(*echo.Echo)) *http.Server {
-	e := httpapi.New(logger)
+func newHTTPServer(cfg Config, logger *slog.Logger, pool *pgxpool.Pool, nc *nats.Conn, registry *prometheus.Registry, observe echo.MiddlewareFunc, routes func(*echo.Echo)) *http.Server {
+	e := httpapi.New(logger, observe)
 	e.GET("/healthz", func(c echo.Context) error { return c.JSON(http.StatusOK, map[string]string{"status": "ok"}) })
 	e.GET("/readyz", func(c echo.Context) error {
 		ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)

@@ -4,6 +4,8 @@ import (
 	"net"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/onceflow/onceflow/internal/streams"
 )
 
@@ -11,8 +13,11 @@ import (
 // in their own Config and parse both with github.com/caarlos0/env.
 type Config struct {
 	DatabaseURL string `env:"DATABASE_URL,required"`
-	NATSURL     string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
-	HTTPAddr    string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8080"`
+	// DatabaseMaxConns bounds the service's connections to its database,
+	// unless DATABASE_URL sets pool_max_conns.
+	DatabaseMaxConns int32  `env:"DATABASE_MAX_CONNS" envDefault:"16"`
+	NATSURL          string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
+	HTTPAddr         string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8080"`
 
 	// Inbox consumers: messages fetched at once, one transaction per batch
 	// (or per message), concurrent fetch loops per subscription.
@@ -20,6 +25,11 @@ type Config struct {
 	ConsumerBatched   bool          `env:"CONSUMER_BATCHED" envDefault:"true"`
 	ConsumerWorkers   int           `env:"CONSUMER_WORKERS" envDefault:"1"`
 	InboxRetention    time.Duration `env:"INBOX_RETENTION" envDefault:"168h"`
+
+	// ConsumerSetBased lets batched consumers use their subscription's
+	// set-based batch handler, where it has one; off, every event of a batch
+	// runs its own handler under a savepoint (the reference path).
+	ConsumerSetBased bool `env:"CONSUMER_SET_BASED" envDefault:"true"`
 
 	OutboxBatchSize    int           `env:"OUTBOX_BATCH_SIZE" envDefault:"256"`
 	OutboxPollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"1s"`
@@ -39,6 +49,12 @@ type Config struct {
 	// probability (0..1) that the process SIGKILLs itself right after an inbox
 	// transaction commits and before the message is acked.
 	FaultKillAfterCommit float64 `env:"ONCEFLOW_FAULT_KILL_AFTER_COMMIT"`
+
+	// Tracing is off unless the standard OTEL_* variables name an exporter.
+	Tracing TracingConfig
+	// TracerProvider, when set (by tests), traces the service instead of
+	// the provider Tracing describes; Run does not shut it down.
+	TracerProvider trace.TracerProvider `env:"-"`
 
 	// HTTPListener, when set (by tests and `onceflow dev`), is served instead
 	// of listening on HTTPAddr.

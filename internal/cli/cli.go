@@ -85,7 +85,7 @@ func commands() []command {
 	return append(cmds,
 		command{
 			name:    "dev",
-			usage:   "[--seed] [--data-dir DIR] [--durable] [--host HOST] [--http-port N] [--nats-port N] [--pg-port N]",
+			usage:   "[--seed] [--data-dir DIR] [--durable] [--nats-sync always|interval] [--host HOST] [--http-port N] [--nats-port N] [--pg-port N]",
 			summary: "run all four services in one process on embedded NATS and a throwaway PostgreSQL",
 			run:     runDev,
 		},
@@ -101,12 +101,15 @@ func commands() []command {
 			summary: "mark outbox rows sent since a time for publishing again (after a broker lost acked messages)",
 			run:     runOutbox,
 		},
+		command{name: "audit", usage: "[--wait D]", summary: "check the saga's invariants across the four databases and NATS; fail on any violation", run: runAudit},
+		command{name: "loadgen", usage: "[--rate N/s] [--duration D] [--concurrency N] [--json FILE] [--histogram FILE.svg|png] [--order-url URL] …", summary: "drive a running onceflow over HTTP and report orders/s and placed→confirmed latency", run: runLoadgen},
 		command{
 			name:    "healthcheck",
 			usage:   "[--timeout D] URL",
 			summary: "GET URL and fail unless it answers 2xx (a container healthcheck without curl)",
 			run:     runHealthcheck,
 		},
+		newCommand(),
 	)
 }
 

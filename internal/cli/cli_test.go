@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,11 +146,15 @@ func TestServiceCommandNeedsDatabaseURL(t *testing.T) {
 }
 
 func TestMigrateNeedsEachDatabaseURL(t *testing.T) {
-	for _, name := range []string{"DATABASE_URL", "ORDER_DATABASE_URL", "PAYMENT_DATABASE_URL", "INVENTORY_DATABASE_URL", "NOTIFY_DATABASE_URL"} {
-		t.Setenv(name, "")
+	t.Setenv("DATABASE_URL", "")
+	var vars []string // ORDER_DATABASE_URL, PAYMENT_DATABASE_URL, …
+	for _, name := range serviceNames() {
+		vars = append(vars, strings.ToUpper(name)+"_DATABASE_URL")
+		t.Setenv(vars[len(vars)-1], "")
 	}
 	_, _, err := run(t, "migrate")
-	require.EqualError(t, err, "migrate: set ORDER_DATABASE_URL, PAYMENT_DATABASE_URL, INVENTORY_DATABASE_URL, NOTIFY_DATABASE_URL")
+	require.EqualError(t, err, "migrate: set "+strings.Join(vars, ", "))
+	require.True(t, strings.HasPrefix(err.Error(), "migrate: set ORDER_DATABASE_URL, PAYMENT_DATABASE_URL, INVENTORY_DATABASE_URL, NOTIFY_DATABASE_URL"))
 	_, _, err = run(t, "migrate", "order")
 	require.EqualError(t, err, "migrate: set ORDER_DATABASE_URL or DATABASE_URL")
 

@@ -33,13 +33,24 @@ import (
 const repoRoot = "../.."
 
 // loadCompose loads docker-compose.yml as `docker compose` would, with an
-// empty environment: every ${VAR:-default} takes its default.
-func loadCompose(t *testing.T) *types.Project {
+// empty environment: every ${VAR:-default} takes its default. The services
+// of the profiles named are included.
+func loadCompose(t *testing.T, profiles ...string) *types.Project {
 	t.Helper()
+	return loadComposeEnv(t, nil, profiles...)
+}
+
+// loadComposeEnv is loadCompose with the environment environ.
+func loadComposeEnv(t *testing.T, environ []string, profiles ...string) *types.Project {
+	t.Helper()
+	if environ == nil {
+		environ = []string{}
+	}
 	opts, err := composecli.NewProjectOptions(
 		[]string{filepath.Join(repoRoot, "docker-compose.yml")},
 		composecli.WithWorkingDirectory(repoRoot),
-		composecli.WithEnv([]string{}),
+		composecli.WithEnv(environ),
+		composecli.WithProfiles(profiles),
 	)
 	require.NoError(t, err)
 	project, err := composecli.ProjectFromOptions(t.Context(), opts)
@@ -137,7 +148,7 @@ func TestComposeServiceListensWhereItIsPublishedAndChecked(t *testing.T) {
 
 func TestComposeDependenciesHaveHealthchecks(t *testing.T) {
 	t.Parallel()
-	project := loadCompose(t)
+	project := loadCompose(t, observabilityProfile)
 	dependedOn := 0
 	for name, svc := range project.Services {
 		for dep, cfg := range svc.DependsOn {
@@ -156,7 +167,7 @@ func TestComposeDependenciesHaveHealthchecks(t *testing.T) {
 
 func TestComposeHostPortsDoNotClash(t *testing.T) {
 	t.Parallel()
-	project := loadCompose(t)
+	project := loadCompose(t, observabilityProfile)
 	owner := make(map[string]string) // "tcp/8080" → service
 	for name, svc := range project.Services {
 		for _, p := range svc.Ports {
@@ -170,7 +181,7 @@ func TestComposeHostPortsDoNotClash(t *testing.T) {
 			owner[key] = name
 		}
 	}
-	for _, want := range []string{"tcp/8080", "tcp/8081", "tcp/8082", "tcp/8083", "tcp/8025"} {
+	for _, want := range []string{"tcp/8080", "tcp/8081", "tcp/8082", "tcp/8083", "tcp/8025", "tcp/3000", "tcp/9090", "tcp/16686"} {
 		require.Contains(t, owner, want)
 	}
 }

@@ -34,7 +34,7 @@ const devStopTimeout = time.Minute
 func runDev(ctx context.Context, inv invocation, args []string) error {
 	defaults := dev.DefaultPorts()
 	fs := flagSet("dev", commandUsage("dev"), `
-Runs all four services in one process, on an embedded NATS server with
+Runs every service in one process, on an embedded NATS server with
 JetStream and a throwaway local PostgreSQL cluster with one database per
 service, and prints where everything is. Ctrl-C (SIGINT) or SIGTERM stops
 it cleanly and removes what it created.
@@ -47,8 +47,9 @@ as 'onceflow <service>' does.`)
 	seed := fs.Bool("seed", false, "credit wallets alice and bob and stock apple, pear and plum once the services are ready")
 	dataDir := fs.String("data-dir", "", "keep PostgreSQL and JetStream data in `DIR` across runs (default: temporary, removed on exit)")
 	durable := fs.Bool("durable", false, "fsync every write (PostgreSQL's defaults, JetStream sync always); off, a machine crash loses recent writes")
+	natsSync := fs.String("nats-sync", "", "when JetStream fsyncs: `always` (sync_interval: always) or interval (the server's default, two minutes); default always with --durable, else interval")
 	host := fs.String("host", "127.0.0.1", "address to listen on")
-	httpPort := fs.Int("http-port", defaults.Order, "`port` of the order API; payment, inventory and notify take the next three (0: free ports)")
+	httpPort := fs.Int("http-port", defaults.Order, "`port` of the order API; payment, inventory, notify and any added service take the next ones (0: free ports)")
 	natsPort := fs.Int("nats-port", defaults.NATS, "`port` of the NATS server (0: a free port)")
 	pgPort := fs.Int("pg-port", defaults.Postgres, "`port` of the local PostgreSQL cluster (0: a free port)")
 	if err := parse(fs, args, inv.stdout); err != nil {
@@ -56,6 +57,16 @@ as 'onceflow <service>' does.`)
 	}
 	if fs.NArg() > 0 {
 		return usageError(fs, "takes no arguments")
+	}
+	var syncMode dev.NATSSync
+	switch *natsSync {
+	case "":
+	case "always":
+		syncMode = dev.NATSSyncAlways
+	case "interval":
+		syncMode = dev.NATSSyncInterval
+	default:
+		return usageError(fs, "--nats-sync wants always or interval")
 	}
 	denv, err := env.ParseAs[devEnv]()
 	if err != nil {
@@ -71,6 +82,7 @@ as 'onceflow <service>' does.`)
 		DatabaseURL: denv.DatabaseURL,
 		DataDir:     *dataDir,
 		Durable:     *durable,
+		NATSSync:    syncMode,
 		Environ:     os.Environ(),
 	}
 	if *httpPort != 0 {

@@ -21,7 +21,7 @@ type databaseURL struct {
 func runMigrate(ctx context.Context, inv invocation, args []string) error {
 	fs := flagSet("migrate", commandUsage("migrate"), `
 Applies the pending migrations of each named service's database (default:
-all four), as each service does at start-up, and exits.
+all of them), as each service does at start-up, and exits.
 
 Each service's database is <SERVICE>_DATABASE_URL (ORDER_DATABASE_URL,
 PAYMENT_DATABASE_URL, INVENTORY_DATABASE_URL, NOTIFY_DATABASE_URL). When

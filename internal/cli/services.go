@@ -8,13 +8,10 @@ import (
 
 	"github.com/caarlos0/env/v11"
 
-	"github.com/onceflow/onceflow/services/inventory"
-	"github.com/onceflow/onceflow/services/notify"
-	"github.com/onceflow/onceflow/services/order"
-	"github.com/onceflow/onceflow/services/payment"
+	"github.com/onceflow/onceflow/internal/registry"
 )
 
-// service is one of the four services as its command runs it.
+// service is one of the services as its command runs it.
 type service struct {
 	name string
 	// config points to a zero value of the service's Config: the
@@ -24,28 +21,13 @@ type service struct {
 	run func(ctx context.Context, logger *slog.Logger) error
 }
 
-// services returns the four services in the saga's order.
+// services returns the registered services, the saga's four first.
 func services() []service {
-	return []service{
-		serviceOf(order.Name, order.LoadConfig, order.Run),
-		serviceOf(payment.Name, payment.LoadConfig, payment.Run),
-		serviceOf(inventory.Name, inventory.LoadConfig, inventory.Run),
-		serviceOf(notify.Name, notify.LoadConfig, notify.Run),
+	var out []service
+	for _, s := range registry.Services() {
+		out = append(out, service{name: s.Name, config: s.Config, run: s.Run})
 	}
-}
-
-func serviceOf[C any](name string, load func() (C, error), run func(context.Context, C, *slog.Logger) error) service {
-	return service{
-		name:   name,
-		config: new(C),
-		run: func(ctx context.Context, logger *slog.Logger) error {
-			cfg, err := load()
-			if err != nil {
-				return err
-			}
-			return run(ctx, cfg, logger)
-		},
-	}
+	return out
 }
 
 func serviceNames() []string {

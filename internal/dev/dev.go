@@ -16,8 +16,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/onceflow/onceflow/internal/app"
 	"github.com/onceflow/onceflow/internal/localpg"
 )
 
@@ -30,12 +32,27 @@ const (
 )
 
 // Ports are the TCP ports Start listens on. Zero means a free port chosen by
-// the system.
+// the system. Services added after the saga's four (see internal/registry)
+// listen on the ports after Notify's.
 type Ports struct {
 	Order, Payment, Inventory, Notify int
 	NATS                              int
 	// Postgres is the local cluster's port; unused with Config.DatabaseURL.
 	Postgres int
+}
+
+// http is the API port of the i-th service: the saga's four have theirs, and
+// the services added later take the ports after Notify's (free ports when
+// Notify is 0).
+func (p Ports) http(i int) int {
+	saga := []int{p.Order, p.Payment, p.Inventory, p.Notify}
+	switch {
+	case i < len(saga):
+		return saga[i]
+	case p.Notify == 0:
+		return 0
+	}
+	return p.Notify + 1 + i - len(saga)
 }
 
 // DefaultPorts are the ports of `onceflow dev`: the APIs on 8080 (order),
@@ -67,6 +84,14 @@ type Config struct {
 	// fsync every write. Off, a crash of the machine (not of the process)
 	// loses recent writes: fine for a demo.
 	Durable bool
+	// NATSSync says when the embedded JetStream fsyncs; the zero value
+	// follows Durable. It lets a benchmark vary the broker's durability
+	// alone.
+	NATSSync NATSSync
+	// TracerProvider, when set, traces every service (instead of the
+	// provider the OTEL_* variables describe); the services do not shut it
+	// down. Tests set it to record spans.
+	TracerProvider trace.TracerProvider
 	// Environ is the environment the services read their configuration from,
 	// as os.Environ returns it. Start overrides DATABASE_URL, NATS_URL and
 	// HTTP_ADDR in it. Nil means every other setting at its default.
@@ -75,6 +100,21 @@ type Config struct {
 	// default 2 minutes.
 	ReadyTimeout time.Duration
 }
+
+// NATSSync is when the embedded JetStream server fsyncs its writes.
+type NATSSync int
+
+const (
+	// NATSSyncAuto fsyncs on every write with Config.Durable, else on the
+	// server's interval.
+	NATSSyncAuto NATSSync = iota
+	// NATSSyncInterval fsyncs on the server's default interval (two
+	// minutes): an acknowledged write can be lost in a machine crash.
+	NATSSyncInterval
+	// NATSSyncAlways fsyncs every write before acknowledging it
+	// (sync_interval: always).
+	NATSSyncAlways
+)
 
 // Service is where one running service is reachable.
 type Service struct {
@@ -136,9 +176,8 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Env, err er
 	services := all()
 	// The HTTP listeners first: a port in use is the likeliest failure, and
 	// is reported before anything slow has started.
-	ports := []int{cfg.Ports.Order, cfg.Ports.Payment, cfg.Ports.Inventory, cfg.Ports.Notify}
 	for i, svc := range services {
-		addr := net.JoinHostPort(cfg.Host, strconv.Itoa(ports[i]))
+		addr := net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Ports.http(i)))
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			return nil, fmt.Errorf("%s API on %s: %w", svc.name, addr, err)
@@ -175,7 +214,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Env, err er
 		})
 		ln := e.listeners[i]
 		g.Go(func() error {
-			if err := svc.run(gctx, env, ln, logger); err != nil {
+			if err := svc.run(gctx, env, ln, logger, func(c *app.Config) { c.TracerProvider = cfg.TracerProvider }); err != nil {
 				return fmt.Errorf("%s: %w", svc.name, err)
 			}
 			return nil
@@ -277,7 +316,7 @@ func (e *Env) startNATS(cfg Config) error {
 		Port:       port,
 		JetStream:  true,
 		StoreDir:   storeDir,
-		SyncAlways: cfg.Durable,
+		SyncAlways: cfg.NATSSync == NATSSyncAlways || cfg.NATSSync == NATSSyncAuto && cfg.Durable,
 		NoSigs:     true,
 	})
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/dev"
 	"github.com/onceflow/onceflow/internal/postgres"
+	"github.com/onceflow/onceflow/internal/registry"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -47,8 +48,8 @@ func TestStartStop(t *testing.T) {
 		}
 	})
 
-	require.Len(t, e.Services, 4)
-	for i, name := range []string{"order", "payment", "inventory", "notify"} {
+	require.Len(t, e.Services, len(registry.Names()))
+	for i, name := range registry.Names() { // order, payment, inventory, notify, then any added
 		s := e.Services[i]
 		require.Equal(t, name, s.Name)
 		require.Equal(t, s.URL, e.URL(name))
@@ -126,7 +127,7 @@ func onServer(t *testing.T, name string) dev.Config {
 		conn, err := pgx.Connect(ctx, admin)
 		require.NoError(t, err)
 		defer conn.Close(ctx)
-		for _, name := range []string{"order", "payment", "inventory", "notify"} {
+		for _, name := range registry.Names() {
 			_, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{prefix + name}.Sanitize()+" WITH (FORCE)")
 			require.NoError(t, err)
 		}

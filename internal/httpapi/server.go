@@ -8,12 +8,14 @@ import (
 )
 
 // New returns an echo instance with the shared error handler, panic recovery
-// and no banner.
-func New(logger *slog.Logger) *echo.Echo {
+// and no banner. The middleware mw (e.g. Observe) is installed first, outside
+// the panic recovery.
+func New(logger *slog.Logger, mw ...echo.MiddlewareFunc) *echo.Echo {
 	e := echo.New()
 	e.HideBanner = true
 	e.HidePort = true
 	e.HTTPErrorHandler = ErrorHandler(logger)
+	e.Use(mw...)
 	e.Use(middleware.Recover())
 	return e
 }

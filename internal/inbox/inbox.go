@@ -57,8 +57,20 @@ func isPermanent(err error) bool {
 // (in batched mode, under a savepoint of it), after the event was claimed,
 // and must write through tx only; it never commits or rolls back tx itself.
 // An error rolls back its writes; wrap it with Permanent if a retry cannot
-// succeed.
+// succeed. In batched mode, when another event of the batch fails, a
+// handler that succeeded may see its writes rolled back and be called again
+// for the same event in the same transaction.
 type Handler func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
+
+// BatchHandler is the optional set-based form of a Handler: it applies the
+// effects of all the new events of a batch at once (e.g. one UPDATE … FROM
+// unnest(…) instead of one UPDATE per event), inside the inbox transaction,
+// after the batch's events were claimed. It receives them in fetch order and
+// must leave the database exactly as the Handler would, called for each
+// event in that order. It writes through tx only. An error rolls back its
+// writes (but not the claims) and the consumer falls back to the Handler
+// for each event under a savepoint, so that one bad event fails only itself.
+type BatchHandler func(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error
 
 // Config configures a Consumer. Zero values take the defaults.
 type Config struct {
@@ -73,6 +85,10 @@ type Config struct {
 	// transaction per message. It is faster under load; a fetch returns as
 	// soon as one message is there, so it costs no latency under light load.
 	Batched bool
+	// BatchHandler, when set, processes the new events of a batch in Batched
+	// mode in one call; the Handler remains the fallback when it fails, and
+	// processes every event when Batched is off.
+	BatchHandler BatchHandler
 	// Workers is the number of concurrent fetch loops (default 1).
 	Workers int
 	// FetchWait is how long a fetch waits for messages (default 1s). It
@@ -90,6 +106,9 @@ type Config struct {
 	// committed event unacknowledged. The end-to-end fault suite kills the
 	// process here; nothing else should set it.
 	AfterCommit func(event.Envelope)
+	// Observer, when set, is told of every handler call, transaction and
+	// settled message (metrics, tracing); package app sets it.
+	Observer Observer
 }
 
 func (cfg Config) validate() error {
@@ -145,11 +164,15 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, h Handler, logg
 	cfg.FetchWait = cmp.Or(cfg.FetchWait, defaultFetchWait)
 	cfg.NakDelay = cmp.Or(cfg.NakDelay, defaultNakDelay)
 	cfg.Retention = cmp.Or(cfg.Retention, DefaultRetention)
+	if cfg.Observer == nil {
+		cfg.Observer = nopObserver{}
+	}
+	cfg.BatchHandler = observedBatch(cfg.BatchHandler, cfg.Observer)
 	return &Consumer{
 		pool:    pool,
 		js:      js,
 		cfg:     cfg,
-		handler: h,
+		handler: observed(h, cfg.Observer),
 		logger:  logger.With("stream", cfg.Stream, "consumer", cfg.Durable),
 		queries: dbsqlc.New(),
 	}

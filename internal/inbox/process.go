@@ -98,6 +98,7 @@ func (c *Consumer) decode(ctx context.Context, msg jetstream.Msg) (d *delivery, 
 // transaction. It records the outcome in d; the deferred rollback happens
 // before the message is settled, so a failure leaves nothing behind.
 func (c *Consumer) processTx(ctx context.Context, d *delivery) {
+	defer c.startTx(1).done(&d.err)
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {
 		d.fail(fmt.Errorf("begin: %w", err))
@@ -169,10 +170,11 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []jetstream.Msg) {
 	}
 }
 
-// processBatchTx claims the events of ds with one statement and runs the
-// handler for each new one, in fetch order, under a savepoint. It returns an
-// error when the transaction as a whole failed.
-func (c *Consumer) processBatchTx(ctx context.Context, ds []*delivery) error {
+// processBatchTx claims the events of ds with one statement, runs the
+// handlers for the new ones in fetch order (see handleFresh) and commits. It
+// returns an error when the transaction as a whole failed.
+func (c *Consumer) processBatchTx(ctx context.Context, ds []*delivery) (err error) {
+	defer c.startTx(len(ds)).done(&err)
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
@@ -207,17 +209,118 @@ func (c *Consumer) processBatchTx(ctx context.Context, ds []*delivery) error {
 		isNew[id] = true
 	}
 
+	fresh := make([]*delivery, 0, len(claimed))
 	for _, d := range ds {
 		if !isNew[d.ev.ID] {
 			d.outcome = duplicate
 			continue
 		}
+		fresh = append(fresh, d)
+	}
+	if err := c.handleFresh(ctx, tx, fresh); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// handleFresh runs the handlers for the new events of a batch: the batch
+// handler if there is one, falling back to a savepoint per event when it
+// fails, else the handler for each in turn.
+func (c *Consumer) handleFresh(ctx context.Context, tx pgx.Tx, ds []*delivery) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	if c.cfg.BatchHandler == nil {
+		return c.handleInTurn(ctx, tx, ds)
+	}
+	handled, err := c.handleBatch(ctx, tx, ds)
+	if err != nil || handled {
+		return err
+	}
+	for _, d := range ds {
 		if err := c.handleUnderSavepoint(ctx, tx, d); err != nil {
 			return err
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit: %w", err)
+	return nil
+}
+
+// handleBatch runs the batch handler for the new events ds under one
+// savepoint, taken right after the claim. It reports whether the handler
+// succeeded. When it fails, rolling back to the savepoint undoes its writes
+// and keeps every claim, and the caller falls back to one savepoint per
+// event, which settles each claim on its own: one bad event cannot fail the
+// others. It returns an error only when the transaction itself is broken.
+func (c *Consumer) handleBatch(ctx context.Context, tx pgx.Tx, ds []*delivery) (bool, error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("savepoint: %w", err)
+	}
+	evs := make([]event.Envelope, len(ds))
+	for i, d := range ds {
+		evs[i] = d.ev
+	}
+	herr := c.cfg.BatchHandler(ctx, sp, evs)
+	if herr == nil {
+		if err := sp.Commit(ctx); err != nil {
+			return false, fmt.Errorf("release savepoint: %w", err)
+		}
+		for _, d := range ds {
+			d.outcome = processed
+		}
+		return true, nil
+	}
+	if err := sp.Rollback(ctx); err != nil {
+		return false, fmt.Errorf("roll back to savepoint: %w", err)
+	}
+	c.logger.WarnContext(ctx, "batch handler failed; processing the batch event by event", "events", len(ds), "err", herr)
+	return false, nil
+}
+
+// handleInTurn runs the handler for each of ds in turn under one savepoint,
+// which saves the two round trips per event of a savepoint each. When one
+// fails, the savepoint is rolled back, that event's claim released and its
+// failure recorded, and the others are run again under a new savepoint. So
+// each failure undoes only its own event, as a savepoint per event would, at
+// the cost of running the events before it twice. It returns an error only
+// when the transaction itself is broken.
+func (c *Consumer) handleInTurn(ctx context.Context, tx pgx.Tx, ds []*delivery) error {
+	for len(ds) > 0 {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return fmt.Errorf("savepoint: %w", err)
+		}
+		failed, herr := -1, error(nil)
+		for i, d := range ds {
+			if herr = c.handler(ctx, sp, d.ev); herr != nil {
+				failed = i
+				break
+			}
+		}
+		if herr == nil {
+			if err := sp.Commit(ctx); err != nil {
+				return fmt.Errorf("release savepoint: %w", err)
+			}
+			for _, d := range ds {
+				d.outcome = processed
+			}
+			return nil
+		}
+		if err := sp.Rollback(ctx); err != nil {
+			return fmt.Errorf("roll back to savepoint: %w", err)
+		}
+		d := ds[failed]
+		// The claim was taken before the savepoint; left in place, the
+		// commit would mark the event processed and its redelivery would be
+		// dropped.
+		if err := c.queries.UnclaimEvent(ctx, tx, dbsqlc.UnclaimEventParams{Consumer: c.cfg.Durable, EventID: d.ev.ID}); err != nil {
+			return fmt.Errorf("unclaim %s: %w", d.ev.ID, err)
+		}
+		d.fail(fmt.Errorf("handler: %w", herr))
+		ds = slices.Delete(slices.Clone(ds), failed, failed+1)
 	}
 	return nil
 }
@@ -265,8 +368,10 @@ func (c *Consumer) settle(ctx context.Context, d *delivery) {
 	case processed, duplicate:
 		if d.outcome == processed {
 			c.processed.Add(1)
+			c.cfg.Observer.Settled(d.ev, OutcomeProcessed, d.meta.NumDelivered)
 		} else {
 			c.duplicates.Add(1)
+			c.cfg.Observer.Settled(d.ev, OutcomeDuplicate, d.meta.NumDelivered)
 			c.logger.DebugContext(ctx, "duplicate dropped", "event_id", d.ev.ID, "stream_seq", d.meta.Sequence.Stream)
 		}
 		if d.outcome == processed && c.cfg.AfterCommit != nil {
@@ -276,8 +381,7 @@ func (c *Consumer) settle(ctx context.Context, d *delivery) {
 			return
 		}
 		if err := d.msg.Ack(); err != nil {
-			c.logger.WarnContext(ctx, "ack failed; the redelivery will be dropped as a duplicate",
-				"event_id", d.ev.ID, "err", err)
+			c.eventLogger(d).WarnContext(ctx, "ack failed; the redelivery will be dropped as a duplicate", "err", err)
 		}
 	case failed:
 		switch {
@@ -288,8 +392,7 @@ func (c *Consumer) settle(ctx context.Context, d *delivery) {
 			// MaxDeliver deliveries.
 			c.deadLetter(ctx, d, fmt.Sprintf("failed on each of %d deliveries, the last: %v", d.meta.NumDelivered, d.err))
 		default:
-			c.logger.WarnContext(ctx, "processing failed; retrying",
-				"event_id", d.ev.ID, "deliveries", d.meta.NumDelivered, "err", d.err)
+			c.eventLogger(d).WarnContext(ctx, "processing failed; retrying", "deliveries", d.meta.NumDelivered, "err", d.err)
 			c.nak(ctx, d)
 		}
 	default:
@@ -300,6 +403,7 @@ func (c *Consumer) settle(ctx context.Context, d *delivery) {
 
 func (c *Consumer) nak(ctx context.Context, d *delivery) {
 	c.retried.Add(1)
+	c.cfg.Observer.Settled(d.ev, OutcomeRetried, d.meta.NumDelivered)
 	if err := d.msg.NakWithDelay(nakDelay(c.cfg.NakDelay, d.meta.NumDelivered)); err != nil {
 		c.logger.WarnContext(ctx, "nak failed; the message will be redelivered after the ack wait",
 			"stream_seq", d.meta.Sequence.Stream, "err", err)
@@ -354,7 +458,8 @@ func (c *Consumer) deadLetter(ctx context.Context, d *delivery, reason string) {
 		return
 	}
 	c.deadLettered.Add(1)
-	c.logger.WarnContext(ctx, "message dead-lettered",
+	c.cfg.Observer.Settled(d.ev, OutcomeDeadLettered, d.meta.NumDelivered)
+	c.eventLogger(d).WarnContext(ctx, "message dead-lettered",
 		"subject", d.msg.Subject(), "stream_seq", d.meta.Sequence.Stream, "deliveries", d.meta.NumDelivered, "reason", reason)
 	if err := d.msg.TermWithReason("dead-lettered"); err != nil {
 		c.logger.WarnContext(ctx, "term failed; the redelivery will be dead-lettered again and deduplicated",

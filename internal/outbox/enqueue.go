@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -24,8 +25,12 @@ import (
 // UPDATE on the order), so that the later transaction inserts after the
 // earlier one committed.
 //
+// The write is traced as a child of ctx's span, and ev.TraceParent is set to
+// that span, so that the publish and every consumer continue the trace; an
+// ev.TraceParent of another trace than ctx's is kept (see traceEnqueue).
+//
 // An invalid envelope is refused with an error wrapping event.ErrInvalid.
-func Enqueue(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+func Enqueue(ctx context.Context, tx pgx.Tx, ev event.Envelope) (err error) {
 	if err := ev.Validate(); err != nil {
 		return fmt.Errorf("enqueue: %w", err)
 	}
@@ -38,6 +43,8 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 	if err != nil {
 		return fmt.Errorf("enqueue: %w", err)
 	}
+	ev, end := traceEnqueue(ctx, ev, subject)
+	defer func() { end(err) }()
 	err = dbsqlc.New().InsertEvent(ctx, tx, dbsqlc.InsertEventParams{
 		EventID:     ev.ID,
 		EventType:   string(ev.Type),
@@ -50,6 +57,54 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 	})
 	if err != nil {
 		return fmt.Errorf("enqueue %s %s: %w", ev.Type, ev.ID, err)
+	}
+	return nil
+}
+
+// EnqueueBatch writes evs to the outbox on tx with one statement, as Enqueue
+// would write each of them in turn: they are published in the order of evs.
+// It is for set-based handlers that emit many events in one transaction. If
+// one envelope is invalid, none is written, and the error wraps
+// event.ErrInvalid.
+func EnqueueBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope) (err error) {
+	if len(evs) == 0 {
+		return nil
+	}
+	arg := dbsqlc.InsertEventsParams{
+		EventIds:     make([]uuid.UUID, len(evs)),
+		EventTypes:   make([]string, len(evs)),
+		Sources:      make([]string, len(evs)),
+		Subjects:     make([]string, len(evs)),
+		NatsSubjects: make([]string, len(evs)),
+		EventTimes:   make([]time.Time, len(evs)),
+		Datas:        make([][]byte, len(evs)),
+		Traceparents: make([]string, len(evs)),
+	}
+	for i, ev := range evs {
+		if err := ev.Validate(); err != nil {
+			return fmt.Errorf("enqueue batch: %w", err)
+		}
+		if !json.Valid(ev.Data) {
+			return fmt.Errorf("enqueue batch: %w: %s: data is not JSON", event.ErrInvalid, ev.ID)
+		}
+		subject, serr := ev.Type.NATSSubject()
+		if serr != nil {
+			return fmt.Errorf("enqueue batch: %w", serr)
+		}
+		// Each event's span ends with the statement's error.
+		ev, end := traceEnqueue(ctx, ev, subject)
+		defer func() { end(err) }()
+		arg.EventIds[i] = ev.ID
+		arg.EventTypes[i] = string(ev.Type)
+		arg.Sources[i] = ev.Source
+		arg.Subjects[i] = ev.Subject
+		arg.NatsSubjects[i] = subject
+		arg.EventTimes[i] = ev.Time
+		arg.Datas[i] = ev.Data
+		arg.Traceparents[i] = ev.TraceParent
+	}
+	if err := dbsqlc.New().InsertEvents(ctx, tx, arg); err != nil {
+		return fmt.Errorf("enqueue batch of %d events: %w", len(evs), err)
 	}
 	return nil
 }

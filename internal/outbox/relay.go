@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/outbox/internal/dbsqlc"
@@ -44,6 +45,11 @@ type RelayConfig struct {
 	// LockKey is the advisory lock that lets one relay at a time publish a
 	// database's outbox. Default DefaultLockKey.
 	LockKey int64
+	// Observer, when set, is told of every batch published (metrics).
+	Observer RelayObserver
+	// TracerProvider, when set, traces each publish as a child of the span
+	// that wrote the row (see Enqueue).
+	TracerProvider trace.TracerProvider
 }
 
 // Lag is how far the relay is behind its producers.
@@ -67,6 +73,7 @@ type Relay struct {
 	cfg     RelayConfig
 	logger  *slog.Logger
 	queries *dbsqlc.Queries
+	tracer  trace.Tracer
 
 	// Test hooks, set in export_test.go; nil otherwise.
 	//
@@ -85,12 +92,20 @@ func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg RelayConfig, logge
 	cfg.PollInterval = cmp.Or(max(cfg.PollInterval, 0), defaultPollInterval)
 	cfg.PublishTimeout = cmp.Or(max(cfg.PublishTimeout, 0), defaultPublishTimeout)
 	cfg.LockKey = cmp.Or(cfg.LockKey, DefaultLockKey)
+	if cfg.Observer == nil {
+		cfg.Observer = nopRelayObserver{}
+	}
+	tracer := noopTracer()
+	if cfg.TracerProvider != nil {
+		tracer = cfg.TracerProvider.Tracer(tracerName)
+	}
 	return &Relay{
 		pool:    pool,
 		js:      js,
 		cfg:     cfg,
 		logger:  logger.With("component", "outbox-relay"),
 		queries: dbsqlc.New(),
+		tracer:  tracer,
 	}
 }
 
@@ -216,8 +231,10 @@ func (r *Relay) relayBatch(ctx context.Context) (claimed, sent int, err error) {
 // length of the prefix of rows that were all acknowledged, and the error of
 // the first row that was not. Rows after that one may be in the stream, but
 // they are published again with the same message id on the next batch.
-func (r *Relay) publish(ctx context.Context, rows []dbsqlc.ClaimUnsentRow) (int, error) {
+func (r *Relay) publish(ctx context.Context, rows []dbsqlc.ClaimUnsentRow) (acked int, err error) {
 	futures := make([]jetstream.PubAckFuture, 0, len(rows))
+	spans := make([]trace.Span, 0, len(rows))
+	defer func(start time.Time) { r.observePublish(start, rows, spans, acked, err) }(time.Now())
 	var pubErr error
 	for _, row := range rows {
 		msg, err := message(row)
@@ -225,6 +242,7 @@ func (r *Relay) publish(ctx context.Context, rows []dbsqlc.ClaimUnsentRow) (int,
 			pubErr = err
 			break
 		}
+		spans = append(spans, r.startSend(ctx, row, msg))
 		// No client-side retry when no stream answers: the client would
 		// resend this row after the rows behind it, out of order. The next
 		// batch publishes it again, in order.

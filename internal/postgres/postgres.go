@@ -53,11 +53,15 @@ func ServiceSchema(service string) (Schema, error) {
 	return schema, nil
 }
 
-// Connect opens a pool to url and checks that the server answers.
-func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+// Connect opens a pool to url, adjusted by configure, and checks that the
+// server answers.
+func Connect(ctx context.Context, url string, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	for _, f := range configure {
+		f(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

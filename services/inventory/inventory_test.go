@@ -48,6 +48,35 @@ func batchedConcurrent(cfg *app.Config) {
 	cfg.ConsumerWorkers = 4
 }
 
+// batchedPerEvent is batchedConcurrent without the batch handler.
+func batchedPerEvent(cfg *app.Config) {
+	batchedConcurrent(cfg)
+	perEvent(cfg)
+}
+
+// perEvent makes batched consumers run every event of a batch under its own
+// handler instead of the set-based batch handler.
+func perEvent(cfg *app.Config) { cfg.ConsumerSetBased = false }
+
+// eachMode runs f as two parallel subtests of name: with the PaymentDebited
+// batch handler (the default), and with every event of a batch under its
+// own handler, the reference the batch handler must equal.
+func eachMode(t *testing.T, name string, f func(t *testing.T, mode func(*app.Config))) {
+	t.Helper()
+	for _, m := range []struct {
+		name      string
+		configure func(*app.Config)
+	}{
+		{"set-based", func(*app.Config) {}},
+		{"per-event", perEvent},
+	} {
+		t.Run(strings.TrimPrefix(name+"/"+m.name, "/"), func(t *testing.T) {
+			t.Parallel()
+			f(t, m.configure)
+		})
+	}
+}
+
 func setStock(t *testing.T, svc *apptest.Service, sku string, available int64) {
 	t.Helper()
 	resp := svc.Do(t, http.MethodPut, "/stock/"+sku, nil, map[string]int64{"available": available}, nil)
@@ -277,9 +306,8 @@ func TestPaymentDebitedReservesAllLinesOrNone(t *testing.T) {
 		},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			svc := start(t)
+		eachMode(t, tt.name, func(t *testing.T, mode func(*app.Config)) {
+			svc := start(t, mode)
 			for sku, n := range tt.stock {
 				setStock(t, svc, sku, n)
 			}
@@ -332,9 +360,8 @@ func TestDuplicatePaymentDebitedTakesEffectOnce(t *testing.T) {
 		{"rejected", []event.OrderLine{line("apple", 11)}, event.StockRejected, 10},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			svc := start(t)
+		eachMode(t, tt.name, func(t *testing.T, mode func(*app.Config)) {
+			svc := start(t, mode)
 			setStock(t, svc, "apple", 10)
 			outcomes := svc.Watch(t, streams.Inventory, "inventory.>")
 			ev := paymentDebited(t, tt.lines...)
@@ -354,9 +381,8 @@ func TestDuplicatePaymentDebitedTakesEffectOnce(t *testing.T) {
 
 func TestSecondPaymentDebitedForAnOrderChangesNothing(t *testing.T) {
 	t.Parallel()
-	t.Run("after a reservation", func(t *testing.T) {
-		t.Parallel()
-		svc := start(t)
+	eachMode(t, "after a reservation", func(t *testing.T, mode func(*app.Config)) {
+		svc := start(t, mode)
 		setStock(t, svc, "apple", 10)
 		first := paymentDebited(t, line("apple", 4))
 		svc.Publish(t, first)
@@ -369,9 +395,8 @@ func TestSecondPaymentDebitedForAnOrderChangesNothing(t *testing.T) {
 		require.Equal(t, int64(6), available(t, svc, "apple"), "the order's reservation is not taken twice")
 		require.Equal(t, map[event.Type]int{event.StockReserved: 1}, emitted(t, svc))
 	})
-	t.Run("after a rejection", func(t *testing.T) {
-		t.Parallel()
-		svc := start(t)
+	eachMode(t, "after a rejection", func(t *testing.T, mode func(*app.Config)) {
+		svc := start(t, mode)
 		first := paymentDebited(t, line("apple", 4))
 		svc.Publish(t, first)
 		requireConsumed(t, svc)
@@ -398,8 +423,10 @@ func TestConcurrentDuplicatesReserveOnce(t *testing.T) {
 	}{
 		{"same event", concurrent, false},
 		{"same event, batched", batchedConcurrent, false},
+		{"same event, batched per event", batchedPerEvent, false},
 		{"distinct events for one order", concurrent, true},
 		{"distinct events for one order, batched", batchedConcurrent, true},
+		{"distinct events for one order, batched per event", batchedPerEvent, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -429,7 +456,7 @@ func TestConcurrentDuplicatesReserveOnce(t *testing.T) {
 func TestConcurrentOrdersNeverOversell(t *testing.T) {
 	t.Parallel()
 	const stock, quantity, orders = 25, 3, 20
-	for name, configure := range map[string]func(*app.Config){"unbatched": concurrent, "batched": batchedConcurrent} {
+	for name, configure := range map[string]func(*app.Config){"unbatched": concurrent, "batched": batchedConcurrent, "batched per event": batchedPerEvent} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			svc := start(t, configure)
@@ -484,17 +511,19 @@ func TestOverlappingOrdersDoNotDeadlock(t *testing.T) {
 
 func TestInvalidPaymentDebitedIsDeadLettered(t *testing.T) {
 	t.Parallel()
-	svc := start(t)
-	setStock(t, svc, "apple", 10)
-	// A PaymentDebited whose amount does not match its lines can never be
-	// processed: it goes to the DLQ instead of being retried or reserved.
-	ev := paymentDebited(t, line("apple", 1))
-	ev.Data = []byte(strings.Replace(string(ev.Data), `"amount_cents":125`, `"amount_cents":1`, 1))
-	dlq := svc.Watch(t, streams.DLQ, streams.DLQSubjectPrefix+streams.InventoryPayments)
-	svc.Publish(t, ev)
+	eachMode(t, "", func(t *testing.T, mode func(*app.Config)) {
+		svc := start(t, mode)
+		setStock(t, svc, "apple", 10)
+		// A PaymentDebited whose amount does not match its lines can never be
+		// processed: it goes to the DLQ instead of being retried or reserved.
+		ev := paymentDebited(t, line("apple", 1))
+		ev.Data = []byte(strings.Replace(string(ev.Data), `"amount_cents":125`, `"amount_cents":1`, 1))
+		dlq := svc.Watch(t, streams.DLQ, streams.DLQSubjectPrefix+streams.InventoryPayments)
+		svc.Publish(t, ev)
 
-	require.Equal(t, ev.ID, dlq.Wait(t, 1)[0].ID)
-	requireConsumed(t, svc)
-	require.Equal(t, int64(10), available(t, svc, "apple"))
-	require.Empty(t, emitted(t, svc))
+		require.Equal(t, ev.ID, dlq.Wait(t, 1)[0].ID)
+		requireConsumed(t, svc)
+		require.Equal(t, int64(10), available(t, svc, "apple"))
+		require.Empty(t, emitted(t, svc))
+	})
 }

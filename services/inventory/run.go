@@ -17,7 +17,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		s := New(d.Pool)
 		return app.Spec{
 			Subscriptions: []app.Subscription{
-				{Stream: streams.Payments, Durable: streams.InventoryPayments, Handler: s.HandlePaymentDebited},
+				{Stream: streams.Payments, Durable: streams.InventoryPayments, Handler: s.HandlePaymentDebited, BatchHandler: s.HandlePaymentDebitedBatch},
 			},
 			Routes: s.Routes,
 		}, nil

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,11 +19,8 @@ import (
 	"github.com/onceflow/onceflow/internal/app"
 	"github.com/onceflow/onceflow/internal/apptest"
 	"github.com/onceflow/onceflow/internal/event"
-	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/services/order"
 )
-
-func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 
 // start runs the order service for one test.
 func start(t *testing.T, configure ...func(*app.Config)) *apptest.Service {

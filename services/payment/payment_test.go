@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,11 +19,30 @@ import (
 	"github.com/onceflow/onceflow/services/payment"
 )
 
-func start(t *testing.T) *apptest.Service {
+func start(t *testing.T, configure ...func(*app.Config)) *apptest.Service {
 	t.Helper()
 	return apptest.Start(t, payment.Name, func(ctx context.Context, cfg app.Config, l *slog.Logger) error {
 		return payment.Run(ctx, payment.Config{Config: cfg}, l)
-	})
+	}, configure...)
+}
+
+// eachMode runs f as two parallel subtests of name: with the OrderPlaced
+// batch handler (the default), and with every event of a batch under its own
+// handler, the reference the batch handler must equal.
+func eachMode(t *testing.T, name string, f func(t *testing.T, mode func(*app.Config))) {
+	t.Helper()
+	for _, m := range []struct {
+		name      string
+		configure func(*app.Config)
+	}{
+		{"set-based", func(*app.Config) {}},
+		{"per-event", func(cfg *app.Config) { cfg.ConsumerSetBased = false }},
+	} {
+		t.Run(strings.TrimPrefix(name+"/"+m.name, "/"), func(t *testing.T) {
+			t.Parallel()
+			f(t, m.configure)
+		})
+	}
 }
 
 func credit(t *testing.T, svc *apptest.Service, customer string, cents int64) {
@@ -79,9 +99,8 @@ func TestOrderPlacedDebitsOnceOrRejects(t *testing.T) {
 		{"never credited", 0, 1, 3, event.PaymentRejected, 0},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			svc := start(t)
+		eachMode(t, tt.name, func(t *testing.T, mode func(*app.Config)) {
+			svc := start(t, mode)
 			if tt.credit > 0 {
 				credit(t, svc, "alice", tt.credit)
 			}
@@ -104,51 +123,57 @@ func TestOrderPlacedDebitsOnceOrRejects(t *testing.T) {
 
 func TestConcurrentDuplicatesDebitOnce(t *testing.T) {
 	t.Parallel()
-	svc := start(t)
-	credit(t, svc, "bob", 1000)
-	ev := orderPlaced(t, "bob", 400)
-	var wg sync.WaitGroup
-	for range 10 {
-		wg.Go(func() { svc.PublishDuplicate(t, ev) })
-	}
-	wg.Wait()
-	requireProcessed(t, svc, streams.PaymentOrders, 10)
-	require.Equal(t, int64(600), balance(t, svc, "bob"))
+	eachMode(t, "", func(t *testing.T, mode func(*app.Config)) {
+		svc := start(t, mode)
+		credit(t, svc, "bob", 1000)
+		ev := orderPlaced(t, "bob", 400)
+		var wg sync.WaitGroup
+		for range 10 {
+			wg.Go(func() { svc.PublishDuplicate(t, ev) })
+		}
+		wg.Wait()
+		requireProcessed(t, svc, streams.PaymentOrders, 10)
+		require.Equal(t, int64(600), balance(t, svc, "bob"))
+	})
 }
 
 func TestStockRejectedRefundsOnce(t *testing.T) {
 	t.Parallel()
-	svc := start(t)
-	credit(t, svc, "carol", 1000)
-	refunds := svc.Watch(t, streams.Payments, "payments.refunded.v1")
-	placed := orderPlaced(t, "carol", 250)
-	svc.Publish(t, placed)
-	requireProcessed(t, svc, streams.PaymentOrders, 1)
-	require.Equal(t, int64(750), balance(t, svc, "carol"))
+	eachMode(t, "", func(t *testing.T, mode func(*app.Config)) {
+		svc := start(t, mode)
+		credit(t, svc, "carol", 1000)
+		refunds := svc.Watch(t, streams.Payments, "payments.refunded.v1")
+		placed := orderPlaced(t, "carol", 250)
+		svc.Publish(t, placed)
+		requireProcessed(t, svc, streams.PaymentOrders, 1)
+		require.Equal(t, int64(750), balance(t, svc, "carol"))
 
-	rejected := stockRejected(t, placed)
-	for range 3 {
-		svc.PublishDuplicate(t, rejected)
-	}
-	got := refunds.Wait(t, 1)
-	var p event.PaymentRefundedV1
-	require.NoError(t, got[0].Decode(&p))
-	require.Equal(t, int64(250), p.AmountCents)
-	requireProcessed(t, svc, streams.PaymentInventory, 3)
-	require.Len(t, refunds.Seen(), 1)
-	require.Equal(t, int64(1000), balance(t, svc, "carol"), "refunded once, never more than the debit")
+		rejected := stockRejected(t, placed)
+		for range 3 {
+			svc.PublishDuplicate(t, rejected)
+		}
+		got := refunds.Wait(t, 1)
+		var p event.PaymentRefundedV1
+		require.NoError(t, got[0].Decode(&p))
+		require.Equal(t, int64(250), p.AmountCents)
+		requireProcessed(t, svc, streams.PaymentInventory, 3)
+		require.Len(t, refunds.Seen(), 1)
+		require.Equal(t, int64(1000), balance(t, svc, "carol"), "refunded once, never more than the debit")
+	})
 }
 
 func TestStockRejectedForRejectedPaymentRefundsNothing(t *testing.T) {
 	t.Parallel()
-	svc := start(t)
-	credit(t, svc, "dave", 10)
-	placed := orderPlaced(t, "dave", 500)
-	svc.Publish(t, placed)
-	requireProcessed(t, svc, streams.PaymentOrders, 1)
-	svc.Publish(t, stockRejected(t, placed))
-	requireProcessed(t, svc, streams.PaymentInventory, 1)
-	require.Equal(t, int64(10), balance(t, svc, "dave"))
+	eachMode(t, "", func(t *testing.T, mode func(*app.Config)) {
+		svc := start(t, mode)
+		credit(t, svc, "dave", 10)
+		placed := orderPlaced(t, "dave", 500)
+		svc.Publish(t, placed)
+		requireProcessed(t, svc, streams.PaymentOrders, 1)
+		svc.Publish(t, stockRejected(t, placed))
+		requireProcessed(t, svc, streams.PaymentInventory, 1)
+		require.Equal(t, int64(10), balance(t, svc, "dave"))
+	})
 }
 
 // requireProcessed waits until the durable has acknowledged n deliveries.

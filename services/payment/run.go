@@ -17,7 +17,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		s := New(d.Pool)
 		return app.Spec{
 			Subscriptions: []app.Subscription{
-				{Stream: streams.Orders, Durable: streams.PaymentOrders, Handler: s.HandleOrderPlaced},
+				{Stream: streams.Orders, Durable: streams.PaymentOrders, Handler: s.HandleOrderPlaced, BatchHandler: s.HandleOrderPlacedBatch},
 				{Stream: streams.Inventory, Durable: streams.PaymentInventory, Handler: s.HandleStockRejected},
 			},
 			Routes: s.Routes,

@@ -10,3 +10,22 @@ ON CONFLICT (order_id) DO NOTHING;
 -- name: InsertReservationLines :exec
 INSERT INTO reservation_lines (order_id, sku, quantity)
 SELECT @order_id::uuid, unnest(@skus::text[]), unnest(@quantities::bigint[]);
+
+-- name: DecidedOrders :many
+-- The orders among order_ids that have a reservation decision already.
+SELECT order_id
+FROM reservations
+WHERE order_id = ANY (@order_ids::uuid[]);
+
+-- name: InsertReservations :exec
+-- Records several decisions with one statement. An order decided already is
+-- a unique violation: the caller falls back to InsertReservation, which
+-- leaves the first decision standing.
+INSERT INTO reservations (order_id, status, reason)
+SELECT unnest(@order_ids::uuid[]), unnest(@statuses::text[]), unnest(@reasons::text[]);
+
+-- name: InsertReservationLinesOfOrders :exec
+-- Records the lines of several orders: order_ids[i] took quantities[i] of
+-- skus[i].
+INSERT INTO reservation_lines (order_id, sku, quantity)
+SELECT unnest(@order_ids::uuid[]), unnest(@skus::text[]), unnest(@quantities::bigint[]);

@@ -49,3 +49,23 @@ AND sent_at < now() - @retention::interval;
 -- again: harmless, because broker dedup and the consumers' inbox absorb what
 -- was already delivered.
 UPDATE outbox SET sent_at = NULL WHERE sent_at >= @since::timestamptz;
+
+-- name: InsertEvents :exec
+-- Inserts a batch with one statement, in array order: the rows take their
+-- ids, and so their publication order, in the order of the arrays.
+INSERT INTO outbox (event_id, event_type, source, subject, nats_subject, event_time, data, traceparent)
+SELECT e.event_id, e.event_type, e.source, e.subject, e.nats_subject, e.event_time, e.data, e.traceparent
+FROM (
+    -- Set-returning functions in one select list advance in lockstep.
+    SELECT
+        unnest(@event_ids::uuid[]) AS event_id,
+        unnest(@event_types::text[]) AS event_type,
+        unnest(@sources::text[]) AS source,
+        unnest(@subjects::text[]) AS subject,
+        unnest(@nats_subjects::text[]) AS nats_subject,
+        unnest(@event_times::timestamptz[]) AS event_time,
+        unnest(@datas::jsonb[]) AS data,
+        unnest(@traceparents::text[]) AS traceparent,
+        generate_series(1, cardinality(@event_ids::uuid[])) AS ord
+) AS e
+ORDER BY e.ord;

@@ -26,3 +26,22 @@ RETURNING balance_cents;
 UPDATE wallets
 SET balance_cents = balance_cents + @amount_cents, updated_at = now()
 WHERE customer_id = @customer_id;
+
+-- name: LockWallets :many
+-- The wallets of customer_ids that exist, locked in key order: two batches
+-- over overlapping wallets take their locks in the same order and cannot
+-- deadlock. (The lock step runs after the sort.)
+SELECT customer_id, balance_cents
+FROM wallets
+WHERE customer_id = ANY (@customer_ids::text[])
+ORDER BY customer_id
+FOR UPDATE;
+
+-- name: DebitWallets :execrows
+-- Takes amounts[i] from customer_ids[i], each only if the balance covers it;
+-- the caller locked the wallets, and compares the rows affected with
+-- len(customer_ids).
+UPDATE wallets
+SET balance_cents = wallets.balance_cents - d.amount, updated_at = now()
+FROM (SELECT unnest(@customer_ids::text[]) AS customer_id, unnest(@amounts::bigint[]) AS amount) AS d
+WHERE wallets.customer_id = d.customer_id AND wallets.balance_cents >= d.amount;

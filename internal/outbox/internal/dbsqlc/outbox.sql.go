@@ -122,6 +122,52 @@ func (q *Queries) InsertEvent(ctx context.Context, db DBTX, arg InsertEventParam
 	return err
 }
 
+const insertEvents = `-- name: InsertEvents :exec
+INSERT INTO outbox (event_id, event_type, source, subject, nats_subject, event_time, data, traceparent)
+SELECT e.event_id, e.event_type, e.source, e.subject, e.nats_subject, e.event_time, e.data, e.traceparent
+FROM (
+    -- Set-returning functions in one select list advance in lockstep.
+    SELECT
+        unnest($1::uuid[]) AS event_id,
+        unnest($2::text[]) AS event_type,
+        unnest($3::text[]) AS source,
+        unnest($4::text[]) AS subject,
+        unnest($5::text[]) AS nats_subject,
+        unnest($6::timestamptz[]) AS event_time,
+        unnest($7::jsonb[]) AS data,
+        unnest($8::text[]) AS traceparent,
+        generate_series(1, cardinality($1::uuid[])) AS ord
+) AS e
+ORDER BY e.ord
+`
+
+type InsertEventsParams struct {
+	EventIds     []uuid.UUID
+	EventTypes   []string
+	Sources      []string
+	Subjects     []string
+	NatsSubjects []string
+	EventTimes   []time.Time
+	Datas        [][]byte
+	Traceparents []string
+}
+
+// Inserts a batch with one statement, in array order: the rows take their
+// ids, and so their publication order, in the order of the arrays.
+func (q *Queries) InsertEvents(ctx context.Context, db DBTX, arg InsertEventsParams) error {
+	_, err := db.Exec(ctx, insertEvents,
+		arg.EventIds,
+		arg.EventTypes,
+		arg.Sources,
+		arg.Subjects,
+		arg.NatsSubjects,
+		arg.EventTimes,
+		arg.Datas,
+		arg.Traceparents,
+	)
+	return err
+}
+
 const markSent = `-- name: MarkSent :exec
 UPDATE outbox SET sent_at = clock_timestamp() WHERE id = ANY($1::bigint[])
 `

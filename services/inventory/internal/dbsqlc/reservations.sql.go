@@ -11,6 +11,33 @@ import (
 	"github.com/google/uuid"
 )
 
+const decidedOrders = `-- name: DecidedOrders :many
+SELECT order_id
+FROM reservations
+WHERE order_id = ANY ($1::uuid[])
+`
+
+// The orders among order_ids that have a reservation decision already.
+func (q *Queries) DecidedOrders(ctx context.Context, db DBTX, orderIds []uuid.UUID) ([]uuid.UUID, error) {
+	rows, err := db.Query(ctx, decidedOrders, orderIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []uuid.UUID{}
+	for rows.Next() {
+		var order_id uuid.UUID
+		if err := rows.Scan(&order_id); err != nil {
+			return nil, err
+		}
+		items = append(items, order_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const insertReservation = `-- name: InsertReservation :execrows
 INSERT INTO reservations (order_id, status, reason)
 VALUES ($1, $2, $3)
@@ -48,5 +75,42 @@ type InsertReservationLinesParams struct {
 
 func (q *Queries) InsertReservationLines(ctx context.Context, db DBTX, arg InsertReservationLinesParams) error {
 	_, err := db.Exec(ctx, insertReservationLines, arg.OrderID, arg.Skus, arg.Quantities)
+	return err
+}
+
+const insertReservationLinesOfOrders = `-- name: InsertReservationLinesOfOrders :exec
+INSERT INTO reservation_lines (order_id, sku, quantity)
+SELECT unnest($1::uuid[]), unnest($2::text[]), unnest($3::bigint[])
+`
+
+type InsertReservationLinesOfOrdersParams struct {
+	OrderIds   []uuid.UUID
+	Skus       []string
+	Quantities []int64
+}
+
+// Records the lines of several orders: order_ids[i] took quantities[i] of
+// skus[i].
+func (q *Queries) InsertReservationLinesOfOrders(ctx context.Context, db DBTX, arg InsertReservationLinesOfOrdersParams) error {
+	_, err := db.Exec(ctx, insertReservationLinesOfOrders, arg.OrderIds, arg.Skus, arg.Quantities)
+	return err
+}
+
+const insertReservations = `-- name: InsertReservations :exec
+INSERT INTO reservations (order_id, status, reason)
+SELECT unnest($1::uuid[]), unnest($2::text[]), unnest($3::text[])
+`
+
+type InsertReservationsParams struct {
+	OrderIds []uuid.UUID
+	Statuses []string
+	Reasons  []string
+}
+
+// Records several decisions with one statement. An order decided already is
+// a unique violation: the caller falls back to InsertReservation, which
+// leaves the first decision standing.
+func (q *Queries) InsertReservations(ctx context.Context, db DBTX, arg InsertReservationsParams) error {
+	_, err := db.Exec(ctx, insertReservations, arg.OrderIds, arg.Statuses, arg.Reasons)
 	return err
 }

@@ -35,6 +35,37 @@ func (q *Queries) InsertPayment(ctx context.Context, db DBTX, arg InsertPaymentP
 	return err
 }
 
+const insertPayments = `-- name: InsertPayments :exec
+INSERT INTO payments (order_id, customer_id, amount_cents, status, reason)
+SELECT
+    unnest($1::uuid[]),
+    unnest($2::text[]),
+    unnest($3::bigint[]),
+    unnest($4::text[]),
+    unnest($5::text[])
+`
+
+type InsertPaymentsParams struct {
+	OrderIds    []uuid.UUID
+	CustomerIds []string
+	Amounts     []int64
+	Statuses    []string
+	Reasons     []string
+}
+
+// Records several payments with one statement. An order that has one
+// already is a unique violation, as with InsertPayment.
+func (q *Queries) InsertPayments(ctx context.Context, db DBTX, arg InsertPaymentsParams) error {
+	_, err := db.Exec(ctx, insertPayments,
+		arg.OrderIds,
+		arg.CustomerIds,
+		arg.Amounts,
+		arg.Statuses,
+		arg.Reasons,
+	)
+	return err
+}
+
 const lockPayment = `-- name: LockPayment :one
 SELECT order_id, customer_id, amount_cents, status
 FROM payments
@@ -71,4 +102,31 @@ WHERE order_id = $1 AND status = 'DEBITED'
 func (q *Queries) MarkRefunded(ctx context.Context, db DBTX, orderID uuid.UUID) error {
 	_, err := db.Exec(ctx, markRefunded, orderID)
 	return err
+}
+
+const paidOrders = `-- name: PaidOrders :many
+SELECT order_id
+FROM payments
+WHERE order_id = ANY ($1::uuid[])
+`
+
+// The orders among order_ids that have a payment already.
+func (q *Queries) PaidOrders(ctx context.Context, db DBTX, orderIds []uuid.UUID) ([]uuid.UUID, error) {
+	rows, err := db.Query(ctx, paidOrders, orderIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []uuid.UUID{}
+	for rows.Next() {
+		var order_id uuid.UUID
+		if err := rows.Scan(&order_id); err != nil {
+			return nil, err
+		}
+		items = append(items, order_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

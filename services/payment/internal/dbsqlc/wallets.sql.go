@@ -57,6 +57,29 @@ func (q *Queries) DebitWallet(ctx context.Context, db DBTX, arg DebitWalletParam
 	return balance_cents, err
 }
 
+const debitWallets = `-- name: DebitWallets :execrows
+UPDATE wallets
+SET balance_cents = wallets.balance_cents - d.amount, updated_at = now()
+FROM (SELECT unnest($1::text[]) AS customer_id, unnest($2::bigint[]) AS amount) AS d
+WHERE wallets.customer_id = d.customer_id AND wallets.balance_cents >= d.amount
+`
+
+type DebitWalletsParams struct {
+	CustomerIds []string
+	Amounts     []int64
+}
+
+// Takes amounts[i] from customer_ids[i], each only if the balance covers it;
+// the caller locked the wallets, and compares the rows affected with
+// len(customer_ids).
+func (q *Queries) DebitWallets(ctx context.Context, db DBTX, arg DebitWalletsParams) (int64, error) {
+	result, err := db.Exec(ctx, debitWallets, arg.CustomerIds, arg.Amounts)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const getWallet = `-- name: GetWallet :one
 SELECT customer_id, balance_cents
 FROM wallets
@@ -73,6 +96,42 @@ func (q *Queries) GetWallet(ctx context.Context, db DBTX, customerID string) (Ge
 	var i GetWalletRow
 	err := row.Scan(&i.CustomerID, &i.BalanceCents)
 	return i, err
+}
+
+const lockWallets = `-- name: LockWallets :many
+SELECT customer_id, balance_cents
+FROM wallets
+WHERE customer_id = ANY ($1::text[])
+ORDER BY customer_id
+FOR UPDATE
+`
+
+type LockWalletsRow struct {
+	CustomerID   string
+	BalanceCents int64
+}
+
+// The wallets of customer_ids that exist, locked in key order: two batches
+// over overlapping wallets take their locks in the same order and cannot
+// deadlock. (The lock step runs after the sort.)
+func (q *Queries) LockWallets(ctx context.Context, db DBTX, customerIds []string) ([]LockWalletsRow, error) {
+	rows, err := db.Query(ctx, lockWallets, customerIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []LockWalletsRow{}
+	for rows.Next() {
+		var i LockWalletsRow
+		if err := rows.Scan(&i.CustomerID, &i.BalanceCents); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const recordCredit = `-- name: RecordCredit :exec

@@ -1,0 +1,85 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/streams"
+)
+
+// syncAlwaysJetStream returns a JetStream client of an embedded server of
+// its own that fsyncs every write (sync_interval: always), the durable
+// setting for a single node.
+func syncAlwaysJetStream(b testing.TB) jetstream.JetStream {
+	b.Helper()
+	srv, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: b.TempDir(),
+		SyncAlways: true, NoLog: true, NoSigs: true,
+	})
+	require.NoError(b, err)
+	srv.Start()
+	b.Cleanup(func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	require.True(b, srv.ReadyForConnections(10*time.Second))
+	nc, err := nats.Connect(srv.ClientURL())
+	require.NoError(b, err)
+	b.Cleanup(nc.Close)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(30*time.Second))
+	require.NoError(b, err)
+	return js
+}
+
+// brokers are the NATS servers the broker-bound benchmarks run on.
+var brokers = []struct {
+	name string
+	js   func(testing.TB) jetstream.JetStream
+}{
+	{"default", newJetStream},
+	{"always", syncAlwaysJetStream},
+}
+
+// BenchmarkBroker is the broker's limit, without a database: async publishes
+// with Nats-Msg-Id and their acks, and a pull consumer fetching and acking
+// (the inbox consumer's fetch), on a server with the default fsync interval
+// and on one that fsyncs every write.
+func BenchmarkBroker(b *testing.B) {
+	for _, nb := range brokers {
+		b.Run(fmt.Sprintf("op=publish/fsync=%s", nb.name), func(b *testing.B) {
+			js := nb.js(b)
+			provisionOrders(b, js, streams.Orders, "orders.>")
+			msgs := messages(b, envelopes(orderEvents(b, b.N)))
+			b.ResetTimer()
+			require.NoError(b, publishAll(context.Background(), js, msgs))
+			b.StopTimer()
+			reportRate(b, b.N)
+		})
+		b.Run(fmt.Sprintf("op=consume/fsync=%s", nb.name), func(b *testing.B) {
+			js := nb.js(b)
+			provisionOrders(b, js, streams.Orders, "orders.>")
+			require.NoError(b, publishAll(context.Background(), js, messages(b, envelopes(orderEvents(b, b.N)))))
+			cons, err := js.Consumer(context.Background(), streams.Orders, benchConsumer)
+			require.NoError(b, err)
+			b.ResetTimer()
+			for acked := 0; acked < b.N; {
+				msgs, err := fetch(cons, batchSize, time.Second)
+				require.NoError(b, err)
+				for _, msg := range msgs {
+					require.NoError(b, msg.Ack())
+				}
+				acked += len(msgs)
+			}
+			require.NoError(b, js.Conn().Flush())
+			b.StopTimer()
+			reportRate(b, b.N)
+		})
+	}
+}

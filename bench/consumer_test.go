@@ -1,0 +1,242 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/inbox"
+	"github.com/onceflow/onceflow/internal/streams"
+)
+
+// consumerMode is how a consumer runs its handlers.
+type consumerMode struct {
+	name     string
+	batched  bool
+	setBased bool
+	workers  int
+}
+
+var consumerModes = []consumerMode{
+	{name: "unbatched/workers=1", workers: 1},
+	{name: "unbatched/workers=4", workers: 4},
+	{name: "batched/workers=1", batched: true, workers: 1},
+	{name: "setbased/workers=1", batched: true, setBased: true, workers: 1},
+}
+
+// handleDebit is the benchmarks' per-event handler: decode the order, debit
+// its wallet.
+func handleDebit(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	var p event.OrderPlacedV1
+	if err := ev.Decode(&p); err != nil {
+		return err
+	}
+	return debitOne(ctx, tx, p.CustomerID, p.TotalCents)
+}
+
+// handleDebits is its set-based form.
+func handleDebits(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
+	customers, amounts := make([]string, len(evs)), make([]int64, len(evs))
+	for i, ev := range evs {
+		var p event.OrderPlacedV1
+		if err := ev.Decode(&p); err != nil {
+			return err
+		}
+		customers[i], amounts[i] = p.CustomerID, p.TotalCents
+	}
+	return debitSet(ctx, tx, customers, amounts)
+}
+
+// provisionOrders creates the ORDERS stream and the durable "bench" on it.
+func provisionOrders(b testing.TB, js jetstream.JetStream, stream, subject string) {
+	b.Helper()
+	err := streams.Provision(context.Background(), js, streams.Topology{
+		Streams:   []streams.Stream{{Name: stream, Subjects: []string{subject}}},
+		Consumers: []streams.Consumer{{Stream: stream, Durable: benchConsumer, MaxAckPending: 10_000}},
+	})
+	require.NoError(b, err)
+}
+
+// runner is a consumer under measurement.
+type runner interface {
+	Run(ctx context.Context) error
+}
+
+// measureConsumer publishes evs to stream, then times c from its start until
+// count reaches len(evs), and reports events/s.
+func measureConsumer(b *testing.B, js jetstream.JetStream, evs []event.Envelope, c runner, count func() int64) {
+	b.Helper()
+	require.NoError(b, publishAll(context.Background(), js, messages(b, evs)))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	b.ResetTimer()
+	go func() { done <- c.Run(ctx) }()
+	awaitCount(b, int64(len(evs)), count)
+	b.StopTimer()
+	cancel()
+	require.NoError(b, <-done)
+	reportRate(b, len(evs))
+}
+
+// BenchmarkInbox is the inbox consumer: JetStream → claim → wallet debit →
+// commit → ack, unbatched on 1 and 4 workers (connections), batched with the
+// per-event handler, and batched with the set-based handler.
+func BenchmarkInbox(b *testing.B) {
+	for _, pg := range pgTargets(b) {
+		for _, m := range consumerModes {
+			b.Run(fmt.Sprintf("pg=%s/mode=%s", pg.name, m.name), func(b *testing.B) {
+				pool := pg.newDB(b, schemaOf(b, "payment"))
+				seedWallets(b, pool)
+				js := newJetStream(b)
+				provisionOrders(b, js, streams.Orders, "orders.>")
+				cfg := inbox.Config{Stream: streams.Orders, Durable: benchConsumer, BatchSize: batchSize, Batched: m.batched, Workers: m.workers}
+				if m.setBased {
+					cfg.BatchHandler = handleDebits
+				}
+				c := inbox.New(pool, js, cfg, handleDebit, quiet)
+				measureConsumer(b, js, envelopes(orderEvents(b, b.N)), c, func() int64 { return c.Stats().Processed })
+			})
+		}
+	}
+}
+
+// BenchmarkNaive is the same consumer without the inbox: the same fetch,
+// decode, handler, transaction and ack, but no claim, so no dedup. Its time
+// per event against BenchmarkInbox's is the overhead of correctness.
+func BenchmarkNaive(b *testing.B) {
+	for _, pg := range pgTargets(b) {
+		for _, m := range consumerModes {
+			b.Run(fmt.Sprintf("pg=%s/mode=%s", pg.name, m.name), func(b *testing.B) {
+				pool := pg.newDB(b, schemaOf(b, "payment"))
+				seedWallets(b, pool)
+				js := newJetStream(b)
+				provisionOrders(b, js, streams.Orders, "orders.>")
+				n := &naive{pool: pool, js: js, mode: m}
+				measureConsumer(b, js, envelopes(orderEvents(b, b.N)), n, n.processed.Load)
+			})
+		}
+	}
+}
+
+// naive consumes like the inbox consumer, minus the claim.
+type naive struct {
+	pool      *pgxpool.Pool
+	js        jetstream.JetStream
+	mode      consumerMode
+	processed atomic.Int64
+}
+
+func (n *naive) Run(ctx context.Context) error {
+	cons, err := n.js.Consumer(ctx, streams.Orders, benchConsumer)
+	if err != nil {
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for range n.mode.workers {
+		g.Go(func() error {
+			for gctx.Err() == nil {
+				msgs, err := fetch(cons, batchSize, 100*time.Millisecond)
+				if err != nil {
+					return err
+				}
+				if err := n.process(context.WithoutCancel(gctx), msgs); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+func (n *naive) process(ctx context.Context, msgs []jetstream.Msg) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	evs := make([]event.Envelope, len(msgs))
+	for i, msg := range msgs {
+		ev, err := event.FromMsg(msg.Headers(), msg.Data())
+		if err != nil {
+			return err
+		}
+		evs[i] = ev
+	}
+	ack := func(msgs []jetstream.Msg) error {
+		for _, msg := range msgs {
+			if err := msg.Ack(); err != nil {
+				return err
+			}
+			n.processed.Add(1)
+		}
+		return nil
+	}
+	switch {
+	case !n.mode.batched:
+		for i, ev := range evs {
+			if err := inTx(ctx, n.pool, func(tx pgx.Tx) error { return handleDebit(ctx, tx, ev) }); err != nil {
+				return err
+			}
+			if err := ack(msgs[i : i+1]); err != nil {
+				return err
+			}
+		}
+		return nil
+	case n.mode.setBased:
+		if err := inTx(ctx, n.pool, func(tx pgx.Tx) error { return handleDebits(ctx, tx, evs) }); err != nil {
+			return err
+		}
+	default:
+		// In turn on one transaction, as the inbox does when no handler
+		// fails.
+		err := inTx(ctx, n.pool, func(tx pgx.Tx) error {
+			for _, ev := range evs {
+				if err := handleDebit(ctx, tx, ev); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return ack(msgs)
+}
+
+// fetch is the inbox consumer's fetch: what is waiting, up to max, else the
+// first message to arrive within wait and what came with it.
+func fetch(cons jetstream.Consumer, max int, wait time.Duration) ([]jetstream.Msg, error) {
+	msgs, err := collect(cons.FetchNoWait(max))
+	if len(msgs) > 0 || err != nil {
+		return msgs, err
+	}
+	if msgs, err = collect(cons.Fetch(1, jetstream.FetchMaxWait(wait))); len(msgs) == 0 || err != nil {
+		return msgs, err
+	}
+	more, err := collect(cons.FetchNoWait(max - 1))
+	return append(msgs, more...), err
+}
+
+func collect(batch jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
+	if err != nil {
+		return nil, err
+	}
+	var msgs []jetstream.Msg
+	for msg := range batch.Messages() {
+		msgs = append(msgs, msg)
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+		return msgs, err
+	}
+	return msgs, nil
+}

@@ -1,0 +1,155 @@
+// Command report reads the output of the bench package's benchmarks (one or
+// more runs, as `go test -bench -count N` prints them) on standard input and
+// prints every events/s figure, the median of its runs, and the ratios the
+// project's performance targets are stated in, each marked met or missed.
+//
+//	go test -run '^$' -bench . ./bench | go run ./bench/report
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+func main() {
+	if err := run(os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "report:", err)
+		os.Exit(1)
+	}
+}
+
+// line matches a benchmark result with an events/s metric; the name loses
+// its -GOMAXPROCS suffix.
+var line = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+.*?\s([\d.]+) events/s`)
+
+func run(in io.Reader, out io.Writer) error {
+	runs := map[string][]float64{}
+	var names []string
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		m := line.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		v, err := strconv.ParseFloat(m[2], 64)
+		if err != nil {
+			return fmt.Errorf("parse %q: %w", sc.Text(), err)
+		}
+		name := strings.TrimPrefix(m[1], "Benchmark")
+		if _, ok := runs[name]; !ok {
+			names = append(names, name)
+		}
+		runs[name] = append(runs[name], v)
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	if len(names) == 0 {
+		return fmt.Errorf("no benchmark results with events/s on input")
+	}
+	rate := map[string]float64{}
+	fmt.Fprintf(out, "%-52s %12s  %s\n", "benchmark", "events/s", "runs")
+	for _, name := range names {
+		rate[name] = median(runs[name])
+		fmt.Fprintf(out, "%-52s %12.0f  %s\n", name, rate[name], fmtRuns(runs[name]))
+	}
+	fmt.Fprintln(out)
+	fmt.Fprintf(out, "%-74s %9s %9s  %s\n", "target", "measured", "needed", "")
+	for _, t := range targets() {
+		got, ok := t.value(rate)
+		if !ok {
+			continue
+		}
+		verdict := "met"
+		if (t.atMost && got > t.bound) || (!t.atMost && got < t.bound) {
+			verdict = "MISSED"
+		}
+		cmp := "≥"
+		if t.atMost {
+			cmp = "≤"
+		}
+		fmt.Fprintf(out, "%-74s %9s %s%8s  %s\n", t.name, t.format(got), cmp, t.format(t.bound), verdict)
+	}
+	return nil
+}
+
+// target is one of the issue's performance targets: a ratio of two figures
+// (or one figure) and its bound.
+type target struct {
+	name     string
+	num, den string // den empty: an absolute events/s figure
+	bound    float64
+	atMost   bool
+}
+
+func (t target) value(rate map[string]float64) (float64, bool) {
+	n, ok := rate[t.num]
+	if !ok {
+		return 0, false
+	}
+	if t.den == "" {
+		return n, true
+	}
+	d, ok := rate[t.den]
+	if !ok || n == 0 {
+		return 0, false
+	}
+	return n / d, true
+}
+
+func (t target) format(v float64) string {
+	if t.den == "" {
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	}
+	return strconv.FormatFloat(v, 'f', 2, 64) + "×"
+}
+
+func targets() []target {
+	var ts []target
+	for _, pg := range []string{"durable", "fast"} {
+		p := "pg=" + pg
+		ts = append(ts,
+			target{name: p + ": batched inbox / batched DB limit (its statements)", num: "Inbox/" + p + "/mode=batched/workers=1", den: "DBLimit/" + p + "/mode=batch/conns=1", bound: 0.6},
+			target{name: p + ": set-based inbox / set-based DB limit", num: "Inbox/" + p + "/mode=setbased/workers=1", den: "DBLimit/" + p + "/mode=setbased/conns=1", bound: 0.6},
+			target{name: p + ": unbatched inbox / 1-event-per-tx DB limit, 1 connection", num: "Inbox/" + p + "/mode=unbatched/workers=1", den: "DBLimit/" + p + "/mode=tx1/conns=1", bound: 0.8},
+			target{name: p + ": unbatched inbox / 1-event-per-tx DB limit, 4 connections", num: "Inbox/" + p + "/mode=unbatched/workers=4", den: "DBLimit/" + p + "/mode=tx1/conns=4", bound: 0.8},
+		)
+		for _, m := range []string{"unbatched/workers=1", "unbatched/workers=4", "batched/workers=1", "setbased/workers=1"} {
+			// Time per event is the inverse of the rate.
+			ts = append(ts, target{name: p + ": inbox time per event / naive, " + m, num: "Naive/" + p + "/mode=" + m, den: "Inbox/" + p + "/mode=" + m, bound: 1.3, atMost: true})
+		}
+		for _, fsync := range []string{"default", "always"} {
+			ts = append(ts, target{name: p + ": relay / async publish, nats fsync " + fsync, num: "Relay/" + p + "/fsync=" + fsync, den: "Broker/op=publish/fsync=" + fsync, bound: 0.5})
+		}
+		ts = append(ts, target{name: p + ": relay / Watermill forwarder", num: "Relay/" + p + "/fsync=default", den: "Watermill/" + p + "/fsync=default", bound: 10})
+	}
+	ts = append(ts,
+		target{name: "pg=durable: batched inbox, events/s", num: "Inbox/pg=durable/mode=batched/workers=1", bound: 10_000},
+		target{name: "pg=durable: set-based inbox, events/s", num: "Inbox/pg=durable/mode=setbased/workers=1", bound: 20_000},
+		target{name: "pg=durable: payment set-based, events/s", num: "Payment/pg=durable/mode=setbased", bound: 20_000},
+		target{name: "pg=durable: inventory set-based, events/s", num: "Inventory/pg=durable/mode=setbased", bound: 20_000},
+	)
+	return ts
+}
+
+func median(vs []float64) float64 {
+	s := slices.Sorted(slices.Values(vs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func fmtRuns(vs []float64) string {
+	parts := make([]string, len(vs))
+	for i, v := range vs {
+		parts[i] = strconv.FormatFloat(v, 'f', 0, 64)
+	}
+	return strings.Join(parts, " ")
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs every benchmark of ./bench side by side in one go and prints the
+# figures and the ratios against the project's targets (bench/report).
+#
+#   bench/run.sh                      # all benchmarks, 3 runs each
+#   BENCH=Inbox COUNT=1 bench/run.sh  # a subset
+#
+# BENCH       -bench regexp (default: all)
+# COUNT       runs per benchmark; the report takes the median (default 3)
+# EVENTS      events per benchmark run, a fixed count so that every figure
+#             covers the same work (default 5000)
+# OUT         where the raw `go test` output is kept (default bench/out.txt)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bench=${BENCH:-.}
+count=${COUNT:-3}
+events=${EVENTS:-5000}
+out=${OUT:-bench/out.txt}
+
+echo "hardware: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "postgres: $(postgres --version 2>/dev/null || echo unknown); go: $(go env GOVERSION)"
+echo "running: go test -run '^\$' -bench '$bench' -benchtime ${events}x -count $count -timeout 0 ./bench"
+# Rounds instead of -count, so that load that comes and goes on the machine
+# falls on every benchmark alike rather than on a few.
+: >"$out"
+for round in $(seq "$count"); do
+	echo "round $round of $count"
+	go test -run '^$' -bench "$bench" -benchtime "${events}x" -count 1 -timeout 0 ./bench 2>/dev/null |
+		tee -a "$out" | grep -E '^Benchmark' || true
+done
+echo
+go run ./bench/report <"$out"

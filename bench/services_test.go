@@ -1,0 +1,108 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/inbox"
+	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/services/inventory"
+	"github.com/onceflow/onceflow/services/payment"
+)
+
+// skus is how many SKUs the inventory benchmark's orders spread over.
+const skus = 1000
+
+// debitedEvents returns n PaymentDebited events of one to three lines of
+// random SKUs.
+func debitedEvents(b testing.TB, n int) []event.Envelope {
+	b.Helper()
+	rng := rand.New(rand.NewPCG(uint64(n), 2))
+	evs := make([]event.Envelope, n)
+	for i := range evs {
+		var lines event.Lines
+		for range 1 + rng.IntN(3) {
+			lines = append(lines, event.OrderLine{SKU: fmt.Sprintf("sku%04d", rng.IntN(skus)), Quantity: 1 + rng.Int32N(3), UnitPriceCents: 100})
+		}
+		total, err := lines.Total()
+		require.NoError(b, err)
+		orderID := uuid.Must(uuid.NewV7())
+		evs[i], err = event.New("payment", event.PaymentDebited, orderID.String(), event.PaymentDebitedV1{
+			Order: event.Order{OrderID: orderID, CustomerID: "c1"}, Lines: lines, AmountCents: total,
+		})
+		require.NoError(b, err)
+	}
+	return evs
+}
+
+// serviceModes are the ways the services' batched consumers run a batch.
+var serviceModes = []struct {
+	name     string
+	setBased bool
+}{{"batched", false}, {"setbased", true}}
+
+// BenchmarkPayment is payment's OrderPlaced handler through the batched
+// inbox consumer: lock the payment, debit the wallet, record the payment,
+// enqueue the outcome event; per event under savepoints, and set-based.
+func BenchmarkPayment(b *testing.B) {
+	for _, pg := range pgTargets(b) {
+		for _, m := range serviceModes {
+			b.Run(fmt.Sprintf("pg=%s/mode=%s", pg.name, m.name), func(b *testing.B) {
+				pool := pg.newDB(b, schemaOf(b, payment.Name))
+				seedWallets(b, pool)
+				js := newJetStream(b)
+				provisionOrders(b, js, streams.Orders, "orders.>")
+				s := payment.New(pool)
+				cfg := inbox.Config{Stream: streams.Orders, Durable: benchConsumer, BatchSize: batchSize, Batched: true}
+				if m.setBased {
+					cfg.BatchHandler = s.HandleOrderPlacedBatch
+				}
+				c := inbox.New(pool, js, cfg, s.HandleOrderPlaced, quiet)
+				measureConsumer(b, js, envelopes(orderEvents(b, b.N)), c, func() int64 { return c.Stats().Processed })
+				requireOutcomes(b, pool, b.N)
+			})
+		}
+	}
+}
+
+// BenchmarkInventory is inventory's PaymentDebited handler through the
+// batched inbox consumer: lock the order's stock rows, decide, decrement,
+// record the reservation, enqueue the outcome; per event under savepoints,
+// and set-based.
+func BenchmarkInventory(b *testing.B) {
+	for _, pg := range pgTargets(b) {
+		for _, m := range serviceModes {
+			b.Run(fmt.Sprintf("pg=%s/mode=%s", pg.name, m.name), func(b *testing.B) {
+				pool := pg.newDB(b, schemaOf(b, inventory.Name))
+				_, err := pool.Exec(context.Background(),
+					`INSERT INTO stock (sku, available) SELECT format('sku%s', lpad(i::text, 4, '0')), 1000000000 FROM generate_series(0, $1 - 1) AS i`, skus)
+				require.NoError(b, err)
+				js := newJetStream(b)
+				provisionOrders(b, js, streams.Payments, "payments.>")
+				s := inventory.New(pool)
+				cfg := inbox.Config{Stream: streams.Payments, Durable: benchConsumer, BatchSize: batchSize, Batched: true}
+				if m.setBased {
+					cfg.BatchHandler = s.HandlePaymentDebitedBatch
+				}
+				c := inbox.New(pool, js, cfg, s.HandlePaymentDebited, quiet)
+				measureConsumer(b, js, debitedEvents(b, b.N), c, func() int64 { return c.Stats().Processed })
+				requireOutcomes(b, pool, b.N)
+			})
+		}
+	}
+}
+
+// requireOutcomes checks that the handler emitted one event per order.
+func requireOutcomes(b testing.TB, pool *pgxpool.Pool, n int) {
+	b.Helper()
+	var rows int
+	require.NoError(b, pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&rows))
+	require.Equal(b, n, rows)
+}

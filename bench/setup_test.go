@@ -1,0 +1,319 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/localpg"
+	"github.com/onceflow/onceflow/internal/postgres"
+	"github.com/onceflow/onceflow/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	code := testenv.Run(m)
+	// The durable clusters are stopped by the benchmarks that started them;
+	// their data directory outlives each of them so that initdb runs once.
+	if err := os.RemoveAll(durableDir()); err != nil && code == 0 {
+		fmt.Fprintf(os.Stderr, "bench: remove %s: %v\n", durableDir(), err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+// durableDir holds the durable cluster of this test binary.
+func durableDir() string {
+	return filepath.Join(os.TempDir(), fmt.Sprintf("onceflow-bench-pg-%d", os.Getpid()))
+}
+
+// quiet is the logger of the components under measurement: logging is not
+// what is measured.
+var quiet = slog.New(slog.DiscardHandler)
+
+const (
+	// wallets is how many wallets the events spread over: enough that
+	// concurrent transactions rarely wait for each other's rows.
+	wallets = 1000
+	// batchSize is the events per transaction of the batched forms, the
+	// consumers' fetch size.
+	batchSize = 100
+)
+
+// pgTarget is a PostgreSQL server the benchmarks run on.
+type pgTarget struct {
+	name  string // "fast" (fsync off) or "durable"
+	newDB func(b testing.TB, schema postgres.Schema) *pgxpool.Pool
+}
+
+// pgTargets returns the test environment's server (fsync and synchronous
+// commit off) and a durable local cluster, started on first use and stopped
+// when top ends.
+func pgTargets(top *testing.B) []pgTarget {
+	d := &durableServer{}
+	top.Cleanup(d.stop)
+	return []pgTarget{
+		{name: "fast", newDB: func(b testing.TB, schema postgres.Schema) *pgxpool.Pool {
+			return testenv.NewDatabase(b, schema).Pool
+		}},
+		{name: "durable", newDB: d.newDB},
+	}
+}
+
+// durableServer is a local cluster with PostgreSQL's crash-safe defaults:
+// fsync, synchronous_commit and full_page_writes on.
+type durableServer struct {
+	once    sync.Once
+	cluster *localpg.Cluster
+	admin   *pgxpool.Pool
+	err     error
+	seq     atomic.Int64
+
+	mu        sync.Mutex
+	templates map[string]bool
+}
+
+func (d *durableServer) start() error {
+	d.once.Do(func() {
+		ctx := context.Background()
+		if err := os.MkdirAll(durableDir(), 0o755); err != nil { // the postgres user must traverse it
+			d.err = err
+			return
+		}
+		if d.cluster, d.err = localpg.Start(ctx, localpg.Config{Dir: durableDir(), Durable: true}, quiet); d.err != nil {
+			return
+		}
+		d.admin, d.err = postgres.Connect(ctx, d.cluster.URL("postgres"))
+	})
+	return d.err
+}
+
+func (d *durableServer) stop() {
+	if d.admin != nil {
+		d.admin.Close()
+	}
+	if d.cluster != nil {
+		if err := d.cluster.Stop(context.Background()); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: stop durable cluster: %v\n", err)
+		}
+	}
+}
+
+// newDB returns a pool on a new database migrated to schema, dropped when b
+// ends.
+func (d *durableServer) newDB(b testing.TB, schema postgres.Schema) *pgxpool.Pool {
+	b.Helper()
+	require.NoError(b, d.start())
+	ctx := context.Background()
+	tmpl := "tmpl_" + strings.ReplaceAll(schema.Key(), "+", "_")
+	d.mu.Lock()
+	if !d.templates[tmpl] {
+		var exists bool
+		err := d.admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_database WHERE datname = $1)`, tmpl).Scan(&exists)
+		require.NoError(b, err)
+		if !exists {
+			_, err = d.admin.Exec(ctx, "CREATE DATABASE "+tmpl)
+			require.NoError(b, err)
+			pool, err := postgres.Connect(ctx, d.cluster.URL(tmpl))
+			require.NoError(b, err)
+			err = postgres.Migrate(ctx, pool, schema, quiet)
+			pool.Close()
+			require.NoError(b, err)
+		}
+		if d.templates == nil {
+			d.templates = map[string]bool{}
+		}
+		d.templates[tmpl] = true
+	}
+	d.mu.Unlock()
+
+	name := fmt.Sprintf("bench_%d", d.seq.Add(1))
+	_, err := d.admin.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE "+tmpl)
+	require.NoError(b, err)
+	pool, err := postgres.Connect(ctx, d.cluster.URL(name))
+	require.NoError(b, err)
+	b.Cleanup(func() {
+		pool.Close()
+		if _, err := d.admin.Exec(context.Background(), "DROP DATABASE "+name+" WITH (FORCE)"); err != nil {
+			b.Errorf("drop %s: %v", name, err)
+		}
+	})
+	return pool
+}
+
+// schemaOf is the migrated schema of a service database.
+func schemaOf(b testing.TB, service string) postgres.Schema {
+	b.Helper()
+	schema, err := postgres.ServiceSchema(service)
+	require.NoError(b, err)
+	return schema
+}
+
+// seedWallets credits wallets w0000 … with a balance no benchmark exhausts.
+func seedWallets(b testing.TB, pool *pgxpool.Pool) {
+	b.Helper()
+	_, err := pool.Exec(context.Background(),
+		`INSERT INTO wallets (customer_id, balance_cents)
+		 SELECT format('w%s', lpad(i::text, 4, '0')), 1000000000000 FROM generate_series(0, $1 - 1) AS i`, wallets)
+	require.NoError(b, err)
+}
+
+// debit is one event's worth of the benchmarks' business write.
+type debit struct {
+	ev       event.Envelope
+	customer string
+	amount   int64
+}
+
+// orderEvents returns n OrderPlaced events of random wallets and amounts.
+func orderEvents(b testing.TB, n int) []debit {
+	b.Helper()
+	rng := rand.New(rand.NewPCG(uint64(n), 1))
+	ds := make([]debit, n)
+	for i := range ds {
+		customer, amount := fmt.Sprintf("w%04d", rng.IntN(wallets)), 1+rng.Int64N(1000)
+		orderID := uuid.Must(uuid.NewV7())
+		ev, err := event.New("order", event.OrderPlaced, orderID.String(), event.OrderPlacedV1{
+			Order:      event.Order{OrderID: orderID, CustomerID: customer, CustomerEmail: customer + "@example.com"},
+			Lines:      event.Lines{{SKU: "apple", Quantity: 1, UnitPriceCents: amount}},
+			TotalCents: amount,
+		})
+		require.NoError(b, err)
+		ds[i] = debit{ev: ev, customer: customer, amount: amount}
+	}
+	return ds
+}
+
+// envelopes returns the events of ds.
+func envelopes(ds []debit) []event.Envelope {
+	evs := make([]event.Envelope, len(ds))
+	for i, d := range ds {
+		evs[i] = d.ev
+	}
+	return evs
+}
+
+// newJetStream returns a JetStream client of the test environment's NATS
+// server (embedded, with its default fsync interval of two minutes).
+func newJetStream(b testing.TB) jetstream.JetStream {
+	b.Helper()
+	js, err := jetstream.New(testenv.NewNATS(b).Conn(b), jetstream.WithPublishAsyncTimeout(30*time.Second))
+	require.NoError(b, err)
+	return js
+}
+
+// publishAll publishes msgs asynchronously and waits for every ack.
+func publishAll(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg) error {
+	futures := make([]jetstream.PubAckFuture, 0, len(msgs))
+	for _, msg := range msgs {
+		for {
+			f, err := js.PublishMsgAsync(msg)
+			if errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+				<-js.PublishAsyncComplete()
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			futures = append(futures, f)
+			break
+		}
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// messages returns the NATS messages of evs.
+func messages(b testing.TB, evs []event.Envelope) []*nats.Msg {
+	b.Helper()
+	msgs := make([]*nats.Msg, len(evs))
+	for i, ev := range evs {
+		msg, err := ev.Msg()
+		require.NoError(b, err)
+		msgs[i] = msg
+	}
+	return msgs
+}
+
+// reportRate reports the events per second of the timed part of b.
+func reportRate(b *testing.B, events int) {
+	b.ReportMetric(float64(events)/b.Elapsed().Seconds(), "events/s")
+}
+
+// drive processes items in chunks of n from conns goroutines until all are
+// done, timing only that, and reports events/s.
+func drive[T any](b *testing.B, conns, n int, items []T, do func(ctx context.Context, chunk []T) error) {
+	b.Helper()
+	var next atomic.Int64
+	b.ResetTimer()
+	g, ctx := errgroup.WithContext(context.Background())
+	for range conns {
+		g.Go(func() error {
+			for {
+				end := int(next.Add(int64(n)))
+				start := end - n
+				if start >= len(items) {
+					return nil
+				}
+				if err := do(ctx, items[start:min(end, len(items))]); err != nil {
+					return err
+				}
+			}
+		})
+	}
+	err := g.Wait()
+	b.StopTimer()
+	require.NoError(b, err)
+	reportRate(b, len(items))
+}
+
+// inTx runs f in a transaction of pool and commits it.
+func inTx(ctx context.Context, pool *pgxpool.Pool, f func(pgx.Tx) error) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := f(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// awaitCount polls count until it reaches n, the end of a timed consumer
+// run.
+func awaitCount(b testing.TB, n int64, count func() int64) {
+	b.Helper()
+	deadline := time.Now().Add(10 * time.Minute)
+	for count() < n {
+		if time.Now().After(deadline) {
+			b.Fatalf("processed %d of %d events in 10 minutes", count(), n)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}

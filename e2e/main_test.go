@@ -1,0 +1,146 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"golang.org/x/sync/errgroup"
+)
+
+// harness is what the scenarios of this test binary share: the binaries
+// built once and the PostgreSQL server.
+type harness struct {
+	onceflowBin string
+	natsBin     string
+	pg          *pgServer
+	// scale multiplies every scenario's load (E2E_SCALE).
+	scale  float64
+	logger *slog.Logger
+}
+
+// shared is set by TestMain before any test runs and never changed after.
+var shared *harness
+
+func TestMain(m *testing.M) {
+	os.Exit(runTests(m))
+}
+
+func runTests(m *testing.M) int {
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("component", "e2e")
+	h, cleanup, err := setUp(logger)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: set-up: %v\n", err)
+		return 1
+	}
+	shared = h
+	code := m.Run()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := cleanup(ctx); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: teardown: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	if code != 0 {
+		return code
+	}
+	if err := goleak.Find(leakOptions()...); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: leaked goroutines: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// setUp builds the binaries and starts PostgreSQL. cleanup undoes it.
+func setUp(logger *slog.Logger) (_ *harness, cleanup func(context.Context) error, err error) {
+	scale, err := readScale()
+	if err != nil {
+		return nil, nil, err
+	}
+	binDir, err := os.MkdirTemp("", "onceflow-e2e-bin-")
+	if err != nil {
+		return nil, nil, fmt.Errorf("binary directory: %w", err)
+	}
+	h := &harness{
+		onceflowBin: filepath.Join(binDir, "onceflow"),
+		natsBin:     filepath.Join(binDir, "nats-server"),
+		scale:       scale,
+		logger:      logger,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // a cold build or an image pull included
+	defer cancel()
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return build(gctx, h.onceflowBin, "github.com/onceflow/onceflow/cmd/onceflow") })
+	g.Go(func() error { return build(gctx, h.natsBin, "github.com/nats-io/nats-server/v2") })
+	g.Go(func() error {
+		var err error
+		h.pg, err = startPostgres(gctx, logger)
+		return err
+	})
+	if err := g.Wait(); err != nil {
+		var stopErr error
+		if h.pg != nil {
+			stopErr = h.pg.stop(context.WithoutCancel(ctx))
+		}
+		return nil, nil, errors.Join(err, stopErr, os.RemoveAll(binDir))
+	}
+	cleanup = func(ctx context.Context) error {
+		return errors.Join(h.pg.stop(ctx), os.RemoveAll(binDir))
+	}
+	return h, cleanup, nil
+}
+
+// build compiles pkg into out, without the race detector whatever the test
+// binary was built with: the services run as they do in production.
+func build(ctx context.Context, out, pkg string) error {
+	// go test puts $GOROOT/bin first on the PATH of the test binary.
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		return fmt.Errorf("build %s: the go command is not on PATH: %w", pkg, err)
+	}
+	cmd := exec.CommandContext(ctx, goBin, "build", "-o", out, pkg)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
+	}
+	return nil
+}
+
+// readScale reads E2E_SCALE: how much larger than the default every
+// scenario's load is.
+func readScale() (float64, error) {
+	v := os.Getenv("E2E_SCALE")
+	if v == "" {
+		return 1, nil
+	}
+	s, err := strconv.ParseFloat(v, 64)
+	if err != nil || s <= 0 || math.IsInf(s, 0) {
+		return 0, fmt.Errorf("E2E_SCALE=%q: want a positive number", v)
+	}
+	return s, nil
+}
+
+// scaled is n times E2E_SCALE, at least 1.
+func scaled(n int) int {
+	return max(1, int(math.Round(float64(n)*shared.scale)))
+}
+
+func leakOptions() []goleak.Option {
+	return []goleak.Option{
+		// testcontainers keeps a connection to its Ryuk reaper for the life
+		// of the process, by design.
+		goleak.IgnoreAnyFunction("github.com/testcontainers/testcontainers-go.(*Reaper).connect.func1"),
+	}
+}

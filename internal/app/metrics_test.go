@@ -1,0 +1,94 @@
+package app
+
+import (
+	"encoding/json"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/onceflow/onceflow/internal/httpapi"
+)
+
+// recorder is a Registerer that keeps what is registered.
+type recorder struct{ collectors []prometheus.Collector }
+
+func (r *recorder) Register(c prometheus.Collector) error {
+	r.collectors = append(r.collectors, c)
+	return nil
+}
+func (r *recorder) MustRegister(cs ...prometheus.Collector) {
+	r.collectors = append(r.collectors, cs...)
+}
+func (r *recorder) Unregister(prometheus.Collector) bool { return false }
+
+var fqName = regexp.MustCompile(`fqName: "([a-z_]+)"`)
+
+// metricNames are the names of every onceflow metric a service exports.
+func metricNames(t *testing.T) []string {
+	t.Helper()
+	rec := &recorder{}
+	_, err := newMetrics(rec)
+	require.NoError(t, err)
+	_, err = httpapi.Observe(rec, noop.NewTracerProvider())
+	require.NoError(t, err)
+	rec.collectors = append(rec.collectors, newStatsCollector(nil, nil, nil), newPoolCollector(nil, "http"))
+
+	var names []string
+	for _, c := range rec.collectors {
+		ch := make(chan *prometheus.Desc, 16)
+		c.Describe(ch)
+		close(ch)
+		for d := range ch {
+			m := fqName.FindStringSubmatch(d.String())
+			require.NotNil(t, m, d.String())
+			names = append(names, m[1])
+		}
+	}
+	return names
+}
+
+// TestDashboardQueriesExportedMetrics reads the Grafana dashboard of the
+// compose demo: every onceflow metric it queries is exported, and every
+// exported metric is on it.
+func TestDashboardQueriesExportedMetrics(t *testing.T) {
+	t.Parallel()
+	names := metricNames(t)
+	b, err := os.ReadFile("../../deploy/grafana/dashboards/onceflow.json")
+	require.NoError(t, err)
+	var dash struct {
+		Panels []struct {
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	require.NoError(t, json.Unmarshal(b, &dash))
+
+	used := map[string]bool{}
+	metric := regexp.MustCompile(`onceflow_[a-z_]+`)
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			for _, m := range metric.FindAllString(tg.Expr, -1) {
+				for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+					if base, ok := strings.CutSuffix(m, suffix); ok && slices.Contains(names, base) {
+						m = base
+					}
+				}
+				require.Contains(t, names, m, "the dashboard queries a metric nobody exports")
+				used[m] = true
+			}
+		}
+	}
+	for _, n := range names {
+		if n == "onceflow_inbox_events_total" {
+			continue // the per-consumer sum of onceflow_inbox_messages_total
+		}
+		require.True(t, used[n], "%s is not on the dashboard", n)
+	}
+}

@@ -1,0 +1,438 @@
+package audit_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/audit"
+	"github.com/onceflow/onceflow/internal/cli"
+	"github.com/onceflow/onceflow/internal/dev"
+	"github.com/onceflow/onceflow/internal/outbox"
+	"github.com/onceflow/onceflow/internal/postgres"
+	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/internal/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+// settle is how long an audit may wait for the system to go quiet.
+const settle = time.Minute
+
+// TestAudit runs the whole system once, places orders of every outcome, and
+// audits it: all checks hold. Then it breaks one invariant at a time
+// directly in a database (or on the broker), audits again without waiting,
+// expects exactly the matching checks to fail, repairs the damage, and
+// expects a clean audit again.
+//
+// It is not parallel: the command-line subtest sets environment variables.
+func TestAudit(t *testing.T) {
+	s := startSaga(t)
+
+	t.Run("clean", func(t *testing.T) {
+		report := s.audit(t, settle)
+		requireClean(t, report)
+		orders, _ := report.Find(audit.CheckOrders)
+		require.Equal(t, map[string]int64{"CONFIRMED": 2, "REJECTED": 1, "CANCELLED": 1}, orders.Figure("orders by status"))
+		money, _ := report.Find(audit.CheckMoney)
+		require.Equal(t, int64(105_000), money.Figure("credited cents"))
+		require.Equal(t, int64(360+330), money.Figure("debited cents (not refunded)"))
+		require.Equal(t, int64(500), money.Figure("refunded cents"))
+		require.Equal(t, int64(0), money.Figure("balances + debited - credited"))
+		consumers, _ := report.Find(audit.CheckConsumers)
+		for _, c := range streams.Saga(streams.Config{}).Consumers {
+			require.Equal(t, int64(0), consumers.Figure("dlq entries").(map[string]int64)[c.Durable], c.Durable)
+		}
+		var out bytes.Buffer
+		require.NoError(t, report.Print(&out))
+		require.Contains(t, out.String(), "All 9 checks hold.")
+		t.Logf("clean audit:\n%s", out.String())
+	})
+
+	tests := []struct {
+		name string
+		// corrupt breaks something and returns how to repair it.
+		corrupt func(t *testing.T) (repair func())
+		// want are the checks that must fail, in report order.
+		want []string
+		// violation is a part of one violation's text.
+		violation string
+	}{
+		{
+			name: "money appears in a wallet",
+			corrupt: func(t *testing.T) func() {
+				s.exec(t, "payment", `UPDATE wallets SET balance_cents = balance_cents + 100 WHERE customer_id = 'bob'`)
+				return func() {
+					s.exec(t, "payment", `UPDATE wallets SET balance_cents = balance_cents - 100 WHERE customer_id = 'bob'`)
+				}
+			},
+			want:      []string{audit.CheckMoney},
+			violation: `wallet "bob": balance 5100 + debited 0 = 5100 cents, but its credits sum to 5000 (+100)`,
+		},
+		{
+			name: "a debit for an order that does not exist",
+			corrupt: func(t *testing.T) func() {
+				s.exec(t, "payment", `UPDATE wallets SET balance_cents = balance_cents - 700 WHERE customer_id = 'bob'`)
+				s.exec(t, "payment", `INSERT INTO payments (order_id, customer_id, amount_cents, status) VALUES ('00000000-0000-7000-8000-000000000001', 'bob', 700, 'DEBITED')`)
+				return func() {
+					s.exec(t, "payment", `DELETE FROM payments WHERE order_id = '00000000-0000-7000-8000-000000000001'`)
+					s.exec(t, "payment", `UPDATE wallets SET balance_cents = balance_cents + 700 WHERE customer_id = 'bob'`)
+				}
+			},
+			want:      []string{audit.CheckDebits},
+			violation: `payment DEBITED of "bob" (700 cents) is for an unknown order 00000000-0000-7000-8000-000000000001`,
+		},
+		{
+			// The order's status then contradicts its facts as well: two
+			// invariants break at once.
+			name: "a refund without a StockRejected",
+			corrupt: func(t *testing.T) func() {
+				s.exec(t, "payment", `UPDATE payments SET status = 'REFUNDED', refunded_at = now() WHERE order_id = $1`, s.confirmed)
+				s.exec(t, "payment", `UPDATE wallets SET balance_cents = balance_cents + 360 WHERE customer_id = 'alice'`)
+				return func() {
+					s.exec(t, "payment", `UPDATE payments SET status = 'DEBITED', refunded_at = NULL WHERE order_id = $1`, s.confirmed)
+					s.exec(t, "payment", `UPDATE wallets SET balance_cents = balance_cents - 360 WHERE customer_id = 'alice'`)
+				}
+			},
+			want:      []string{audit.CheckRefunds, audit.CheckOrders},
+			violation: fmt.Sprintf("payment of order %s is REFUNDED without a StockRejected (reservation: RESERVED)", s.confirmed),
+		},
+		{
+			name: "a StockRejected never refunded",
+			corrupt: func(t *testing.T) func() {
+				s.exec(t, "payment", `UPDATE payments SET status = 'DEBITED', refunded_at = NULL WHERE order_id = $1`, s.cancelled)
+				s.exec(t, "payment", `UPDATE wallets SET balance_cents = balance_cents - 500 WHERE customer_id = 'alice'`)
+				return func() {
+					s.exec(t, "payment", `UPDATE payments SET status = 'REFUNDED', refunded_at = now() WHERE order_id = $1`, s.cancelled)
+					s.exec(t, "payment", `UPDATE wallets SET balance_cents = balance_cents + 500 WHERE customer_id = 'alice'`)
+				}
+			},
+			want:      []string{audit.CheckRefunds, audit.CheckOrders},
+			violation: fmt.Sprintf("stock of order %s was rejected but its payment is DEBITED, not refunded", s.cancelled),
+		},
+		{
+			name: "an order set back to PENDING",
+			corrupt: func(t *testing.T) func() {
+				s.exec(t, "order", `UPDATE orders SET status = 'PENDING' WHERE id = $1`, s.confirmed)
+				return func() { s.exec(t, "order", `UPDATE orders SET status = 'CONFIRMED' WHERE id = $1`, s.confirmed) }
+			},
+			want:      []string{audit.CheckOrders},
+			violation: fmt.Sprintf("order %s is PENDING, but payment DEBITED and reservation RESERVED make it CONFIRMED", s.confirmed),
+		},
+		{
+			// The schema forbids it; a bad migration could drop the check.
+			name: "a negative stock level",
+			corrupt: func(t *testing.T) func() {
+				s.exec(t, "inventory", `ALTER TABLE stock DROP CONSTRAINT stock_available_check`)
+				s.exec(t, "inventory", `UPDATE stock SET available = -1 WHERE sku = 'plum'`)
+				return func() {
+					s.exec(t, "inventory", `UPDATE stock SET available = 0 WHERE sku = 'plum'`)
+					s.exec(t, "inventory", `ALTER TABLE stock ADD CONSTRAINT stock_available_check CHECK (available >= 0)`)
+				}
+			},
+			want:      []string{audit.CheckStock},
+			violation: `sku "plum" has -1 available`,
+		},
+		{
+			name: "more reserved than ordered",
+			corrupt: func(t *testing.T) func() {
+				s.exec(t, "inventory", `UPDATE reservation_lines SET quantity = quantity + 1 WHERE order_id = $1`, s.confirmed)
+				return func() {
+					s.exec(t, "inventory", `UPDATE reservation_lines SET quantity = quantity - 1 WHERE order_id = $1`, s.confirmed)
+				}
+			},
+			want:      []string{audit.CheckReservations},
+			violation: fmt.Sprintf("order %s: reserved 4 apple, ordered 3 apple", s.confirmed),
+		},
+		{
+			name: "an outbox row left unsent",
+			corrupt: func(t *testing.T) func() {
+				// Holding the relays' advisory lock keeps them from
+				// publishing the row, as a stuck relay would.
+				conn, err := pgx.Connect(t.Context(), s.urls["order"])
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = conn.Close(context.Background()) })
+				_, err = conn.Exec(t.Context(), `SELECT pg_advisory_lock($1)`, outbox.DefaultLockKey)
+				require.NoError(t, err)
+				s.exec(t, "order", `INSERT INTO outbox (event_id, event_type, source, subject, nats_subject, event_time, data)
+					VALUES ('00000000-0000-7000-8000-000000000002', 'onceflow.order.placed.v1', 'order',
+					        '00000000-0000-7000-8000-000000000003', 'orders.placed.v1', now(), '{}')`)
+				return func() {
+					s.exec(t, "order", `DELETE FROM outbox WHERE event_id = '00000000-0000-7000-8000-000000000002'`)
+					require.NoError(t, conn.Close(context.Background())) // releases the lock
+				}
+			},
+			want:      []string{audit.CheckOutbox},
+			violation: "order outbox row",
+		},
+		{
+			name: "a second terminal e-mail",
+			corrupt: func(t *testing.T) func() {
+				s.exec(t, "notify", `INSERT INTO notifications (order_id, kind, recipient, event_id, message_id, subject, body, status, attempts, sent_at)
+					VALUES ($1, 'rejected', 'alice@example.com', '00000000-0000-7000-8000-000000000004', '<x@onceflow>', 's', 'b', 'SENT', 1, now())`, s.confirmed)
+				return func() {
+					s.exec(t, "notify", `DELETE FROM notifications WHERE event_id = '00000000-0000-7000-8000-000000000004'`)
+				}
+			},
+			want:      []string{audit.CheckNotifications},
+			violation: fmt.Sprintf("order %s is CONFIRMED but has a rejected e-mail", s.confirmed),
+		},
+		{
+			name: "an e-mail that failed",
+			corrupt: func(t *testing.T) func() {
+				s.exec(t, "notify", `UPDATE notifications SET status = 'FAILED', sent_at = NULL, last_error = 'smtp: 550 mailbox unavailable'
+					WHERE order_id = $1 AND kind = 'placed'`, s.rejected)
+				return func() {
+					s.exec(t, "notify", `UPDATE notifications SET status = 'SENT', sent_at = now(), last_error = ''
+						WHERE order_id = $1 AND kind = 'placed'`, s.rejected)
+				}
+			},
+			want:      []string{audit.CheckNotifications},
+			violation: "is FAILED: smtp: 550 mailbox unavailable",
+		},
+		{
+			// The event was acked, but its effect (the inbox row, and with
+			// it the handler's writes) is gone: what acking before
+			// committing leaves behind after a crash.
+			name: "an event acked without its inbox row",
+			corrupt: func(t *testing.T) func() {
+				var (
+					eventType     string
+					eventTime, at time.Time
+					streamSeq     int64
+				)
+				require.NoError(t, s.dbs["notify"].QueryRow(t.Context(), `
+					DELETE FROM processed_events WHERE consumer = 'notify-orders' AND event_id = $1
+					RETURNING event_type, event_time, stream_seq, processed_at`, s.confirmedPlaced).Scan(&eventType, &eventTime, &streamSeq, &at))
+				return func() {
+					s.exec(t, "notify", `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, processed_at)
+						VALUES ('notify-orders', $1, $2, $3, $4, $5)`, s.confirmedPlaced, eventType, eventTime, streamSeq, at)
+				}
+			},
+			want:      []string{audit.CheckConsumers},
+			violation: fmt.Sprintf("(orders.placed.v1, event %s) was acked, but it has no inbox row and no DLQ entry", s.confirmedPlaced),
+		},
+		{
+			// Both subscribers of payments.debited.v1 are paused, so the
+			// message waits; resumed, they dead-letter it (it is no event).
+			name: "events nobody processed",
+			corrupt: func(t *testing.T) func() {
+				for _, durable := range []string{streams.InventoryPayments, streams.OrderPayments} {
+					_, err := s.js.PauseConsumer(t.Context(), streams.Payments, durable, time.Now().Add(time.Hour))
+					require.NoError(t, err)
+				}
+				_, err := s.js.Publish(t.Context(), "payments.debited.v1", []byte("not an event"))
+				require.NoError(t, err)
+				return func() {
+					for _, durable := range []string{streams.InventoryPayments, streams.OrderPayments} {
+						_, err := s.js.ResumeConsumer(t.Context(), streams.Payments, durable)
+						require.NoError(t, err)
+					}
+				}
+			},
+			want:      []string{audit.CheckConsumers},
+			violation: streams.InventoryPayments + ": 1 message not yet delivered",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			repair := tt.corrupt(t)
+			report := s.audit(t, 0)
+			repair()
+			require.Equal(t, tt.want, report.Failed(), printed(t, report))
+			var all []string
+			for _, name := range tt.want {
+				c, _ := report.Find(name)
+				all = append(all, c.Violations...)
+			}
+			require.Contains(t, strings.Join(all, "\n"), tt.violation)
+
+			requireClean(t, s.audit(t, settle))
+		})
+	}
+
+	// The junk published by "events nobody processed" is in the DLQ now:
+	// figures, not violations.
+	t.Run("dead letters are figures", func(t *testing.T) {
+		report := s.audit(t, settle)
+		requireClean(t, report)
+		consumers, _ := report.Find(audit.CheckConsumers)
+		dlq := consumers.Figure("dlq entries").(map[string]int64)
+		require.Equal(t, int64(1), dlq[streams.InventoryPayments])
+		require.Equal(t, int64(1), dlq[streams.OrderPayments])
+		require.Contains(t, consumers.Figure(streams.OrderPayments+" DLQ reasons"), "1× ")
+	})
+
+	t.Run("command", func(t *testing.T) {
+		t.Setenv("ORDER_DATABASE_URL", s.urls["order"])
+		t.Setenv("PAYMENT_DATABASE_URL", s.urls["payment"])
+		t.Setenv("INVENTORY_DATABASE_URL", s.urls["inventory"])
+		t.Setenv("NOTIFY_DATABASE_URL", s.urls["notify"])
+		t.Setenv("NATS_URL", s.env.NATSURL)
+		var stdout, stderr bytes.Buffer
+		require.NoError(t, cli.Run(t.Context(), []string{"audit", "--wait", "30s"}, &stdout, &stderr), stderr.String())
+		require.Contains(t, stdout.String(), "ok    money ")
+		require.Contains(t, stdout.String(), "All 9 checks hold.")
+
+		s.exec(t, "order", `UPDATE orders SET status = 'PAID' WHERE id = $1`, s.confirmed)
+		defer s.exec(t, "order", `UPDATE orders SET status = 'CONFIRMED' WHERE id = $1`, s.confirmed)
+		stdout.Reset()
+		err := cli.Run(t.Context(), []string{"audit", "--wait", "0s"}, &stdout, &stderr)
+		require.EqualError(t, err, "audit: 1 violation in 1 of 9 checks (orders)")
+		require.Contains(t, stdout.String(), "FAIL  orders ")
+		require.Contains(t, stdout.String(), fmt.Sprintf("✗ order %s is PAID, but payment DEBITED and reservation RESERVED make it CONFIRMED", s.confirmed))
+		t.Logf("failed audit:\n%s", stdout.String())
+	})
+}
+
+// saga is a running system with one order of every outcome.
+type saga struct {
+	env  *dev.Env
+	urls map[string]string // database URL per service
+	dbs  map[string]*pgxpool.Pool
+	js   jetstream.JetStream
+	// Orders: confirmed (alice, 3 apples), rejected for funds (bob),
+	// cancelled for stock (alice, a plum) and refunded.
+	confirmed, rejected, cancelled string
+	// confirmedPlaced is the id of the confirmed order's OrderPlaced.
+	confirmedPlaced uuid.UUID
+}
+
+func startSaga(t *testing.T) *saga {
+	t.Helper()
+	e, err := dev.Start(t.Context(), onServer(t), testLogger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, e.Stop(context.Background())) })
+	_, err = dev.Seed(t.Context(), e)
+	require.NoError(t, err)
+
+	s := &saga{env: e, urls: map[string]string{}, dbs: map[string]*pgxpool.Pool{}}
+	for _, svc := range e.Services {
+		s.urls[svc.Name] = svc.DatabaseURL
+		pool, err := postgres.Connect(t.Context(), svc.DatabaseURL)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		s.dbs[svc.Name] = pool
+	}
+	nc, err := nats.Connect(e.NATSURL)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	s.js, err = jetstream.New(nc)
+	require.NoError(t, err)
+
+	s.confirmed = placeOrder(t, e, "alice", `{"sku":"apple","quantity":3,"unit_price_cents":120}`)
+	s.rejected = placeOrder(t, e, "bob", `{"sku":"pear","quantity":10,"unit_price_cents":1000}`) // 10000 > 5000
+	s.cancelled = placeOrder(t, e, "alice", `{"sku":"plum","quantity":1,"unit_price_cents":500}`)
+	placeOrder(t, e, "alice", `{"sku":"apple","quantity":2,"unit_price_cents":120},{"sku":"pear","quantity":1,"unit_price_cents":90}`)
+	require.NoError(t, s.dbs["order"].QueryRow(t.Context(),
+		`SELECT event_id FROM order_timeline WHERE order_id = $1 AND event_type = 'onceflow.order.placed.v1'`, s.confirmed).Scan(&s.confirmedPlaced))
+	return s
+}
+
+// audit audits s, waiting at most wait for quiet.
+func (s *saga) audit(t *testing.T, wait time.Duration) audit.Report {
+	t.Helper()
+	report, err := audit.Run(t.Context(), audit.Config{
+		OrderURL:     s.urls["order"],
+		PaymentURL:   s.urls["payment"],
+		InventoryURL: s.urls["inventory"],
+		NotifyURL:    s.urls["notify"],
+		NATSURL:      s.env.NATSURL,
+		Wait:         wait,
+		PollInterval: 20 * time.Millisecond,
+	}, testLogger(t))
+	require.NoError(t, err)
+	return report
+}
+
+// exec runs sql on the service's database.
+func (s *saga) exec(t *testing.T, service, sql string, args ...any) {
+	t.Helper()
+	_, err := s.dbs[service].Exec(context.Background(), sql, args...)
+	require.NoError(t, err, sql)
+}
+
+func requireClean(t *testing.T, report audit.Report) {
+	t.Helper()
+	require.Empty(t, report.Unquiet, printed(t, report))
+	require.True(t, report.OK(), printed(t, report))
+	require.Len(t, report.Checks, 9)
+}
+
+func printed(t *testing.T, report audit.Report) string {
+	var out bytes.Buffer
+	require.NoError(t, report.Print(&out))
+	return out.String()
+}
+
+// onServer configures dev for the test PostgreSQL server, in databases of
+// its own that are dropped when the test ends: much faster than a cluster of
+// its own.
+func onServer(t *testing.T) dev.Config {
+	t.Helper()
+	admin := testenv.NewDatabase(t, postgres.Schema{}).AdminURL()
+	prefix := fmt.Sprintf("audit%d_", os.Getpid())
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, admin)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		for _, name := range []string{"order", "payment", "inventory", "notify"} {
+			_, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{prefix + name}.Sanitize()+" WITH (FORCE)")
+			require.NoError(t, err)
+		}
+	})
+	return dev.Config{DatabaseURL: admin, DatabasePrefix: prefix}
+}
+
+// placeOrder places an order of items (JSON objects) and waits until it is
+// terminal; it returns the order's id.
+func placeOrder(t *testing.T, e *dev.Env, customer, items string) string {
+	t.Helper()
+	body := fmt.Sprintf(`{"customer_id":%q,"customer_email":"%s@example.com","items":[%s]}`, customer, customer, items)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, e.URL("order")+"/orders", strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", fmt.Sprintf("audit-%s-%d", customer, time.Now().UnixNano()))
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	var o struct {
+		ID string `json:"id"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&o))
+	require.NotEmpty(t, o.ID)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		resp, err := client.Get(e.URL("order") + "/orders/" + o.ID)
+		require.NoError(c, err)
+		defer resp.Body.Close()
+		var got struct {
+			Status string `json:"status"`
+		}
+		require.NoError(c, json.NewDecoder(resp.Body).Decode(&got))
+		require.Contains(c, []string{"CONFIRMED", "REJECTED", "CANCELLED"}, got.Status)
+	}, 30*time.Second, 20*time.Millisecond, "order %s", o.ID)
+	return o.ID
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+}

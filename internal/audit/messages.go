@@ -1,0 +1,283 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/onceflow/onceflow/internal/audit/internal/platformdb"
+	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/inbox"
+	"github.com/onceflow/onceflow/internal/streams"
+)
+
+const (
+	// maxScanned bounds the messages read from one stream. A larger stream
+	// is not checked message by message (the ack floor check still holds).
+	maxScanned = 1_000_000
+	// scanBatch is how many message headers one fetch asks for.
+	scanBatch = 1000
+	// scanInactive is when the server deletes a scan's consumer if the
+	// auditor died before deleting it.
+	scanInactive = time.Minute
+	// lookupChunk is how many event ids one inbox lookup sends.
+	lookupChunk = 10_000
+)
+
+// streamMsg is one message of a saga stream, as its headers describe it.
+type streamMsg struct {
+	seq     uint64
+	subject string
+	// eventID is the CloudEvents id; uuid.Nil when the message has none,
+	// which no inbox can have processed.
+	eventID uuid.UUID
+}
+
+// deadLetter identifies a DLQ entry: the durable that gave up on a message
+// and where that message is stored.
+type deadLetter struct {
+	durable, stream string
+	seq             uint64
+}
+
+// scan calls f with every message of stream st, in order, up to the stream's
+// last sequence when the scan began. It reads headers only, through an
+// ephemeral consumer that it deletes afterwards. It returns false, without
+// scanning, when the stream holds more than limit messages.
+func scan(ctx context.Context, st jetstream.Stream, limit uint64, f func(seq uint64, subject string, h nats.Header)) (bool, error) {
+	info, err := st.Info(ctx)
+	if err != nil {
+		return false, err
+	}
+	switch {
+	case info.State.Msgs == 0:
+		return true, nil
+	case info.State.Msgs > limit:
+		return false, nil
+	}
+	last := info.State.LastSeq
+	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		AckPolicy:         jetstream.AckNonePolicy,
+		HeadersOnly:       true,
+		MemoryStorage:     true,
+		InactiveThreshold: scanInactive,
+	})
+	if err != nil {
+		return false, fmt.Errorf("scan consumer: %w", err)
+	}
+	defer func() {
+		// The server deletes it after scanInactive anyway.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = st.DeleteConsumer(ctx, cons.CachedInfo().Name)
+	}()
+	for {
+		// The messages are stored: a fetch need not wait for more.
+		batch, err := cons.FetchNoWait(scanBatch)
+		if err != nil {
+			return false, fmt.Errorf("scan: %w", err)
+		}
+		n, done := 0, false
+		for msg := range batch.Messages() {
+			n++
+			meta, err := msg.Metadata()
+			if err != nil {
+				return false, fmt.Errorf("scan: %w", err)
+			}
+			f(meta.Sequence.Stream, msg.Subject(), msg.Headers())
+			done = done || meta.Sequence.Stream >= last
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return false, fmt.Errorf("scan: %w", err)
+		}
+		if done || n == 0 {
+			return true, nil
+		}
+	}
+}
+
+// readMessages reads the headers of every message of the topology's streams.
+// A stream too large to read is left out of the map.
+func (s *system) readMessages(ctx context.Context) (map[string][]streamMsg, error) {
+	msgs := make(map[string][]streamMsg)
+	for _, spec := range s.topology.Streams {
+		st, err := s.js.Stream(ctx, spec.Name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("audit: stream %s: %w", spec.Name, err)
+		}
+		var list []streamMsg
+		subjects := make(map[string]string) // one string per subject
+		ok, err := scan(ctx, st, maxScanned, func(seq uint64, subject string, h nats.Header) {
+			if s, ok := subjects[subject]; ok {
+				subject = s
+			} else {
+				subjects[subject] = subject
+			}
+			id, _ := uuid.Parse(h.Get(event.HeaderID)) // uuid.Nil if missing or invalid
+			list = append(list, streamMsg{seq: seq, subject: subject, eventID: id})
+		})
+		if err != nil {
+			return nil, fmt.Errorf("audit: read stream %s: %w", spec.Name, err)
+		}
+		if ok {
+			msgs[spec.Name] = list
+		}
+	}
+	return msgs, nil
+}
+
+// dlqContents is what the DLQ holds.
+type dlqContents struct {
+	// counts are the entries per subject ("dlq.<durable>"), exact.
+	counts map[string]uint64
+	// reasons and letters are those of every entry; nil when the DLQ was
+	// too large to read.
+	reasons map[string]map[string]int // per durable, per reason
+	letters map[deadLetter]bool
+}
+
+// readDLQ reads the DLQ's entries: their number per consumer and, when the
+// DLQ is not too large to read, each entry's reason and origin.
+func (s *system) readDLQ(ctx context.Context) (dlqContents, error) {
+	d := dlqContents{counts: map[string]uint64{}}
+	st, err := s.js.Stream(ctx, streams.DLQ)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		d.reasons, d.letters = map[string]map[string]int{}, map[deadLetter]bool{}
+		return d, nil
+	}
+	if err != nil {
+		return d, fmt.Errorf("audit: stream %s: %w", streams.DLQ, err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(streams.DLQSubjectPrefix+">"))
+	if err != nil {
+		return d, fmt.Errorf("audit: stream %s: %w", streams.DLQ, err)
+	}
+	for subject, n := range info.State.Subjects {
+		d.counts[subject] = n
+	}
+	reasons := make(map[string]map[string]int)
+	letters := make(map[deadLetter]bool)
+	ok, err := scan(ctx, st, maxScanned, func(_ uint64, subject string, h nats.Header) {
+		durable := h.Get(inbox.HeaderDLQConsumer)
+		if durable == "" {
+			durable = strings.TrimPrefix(subject, streams.DLQSubjectPrefix)
+		}
+		reason := h.Get(inbox.HeaderDLQReason)
+		if reason == "" {
+			reason = "(no reason given)"
+		}
+		if reasons[durable] == nil {
+			reasons[durable] = make(map[string]int)
+		}
+		reasons[durable][reason]++
+		if seq, err := strconv.ParseUint(h.Get(inbox.HeaderDLQStreamSeq), 10, 64); err == nil {
+			letters[deadLetter{durable: durable, stream: h.Get(inbox.HeaderDLQStream), seq: seq}] = true
+		}
+	})
+	if err != nil {
+		return d, fmt.Errorf("audit: read stream %s: %w", streams.DLQ, err)
+	}
+	if ok {
+		d.reasons, d.letters = reasons, letters
+	}
+	return d, nil
+}
+
+// unprocessed returns the messages of cs's stream that cs acked (at or
+// below its ack floor) and that have neither an inbox row of cs nor a DLQ
+// entry: events whose effect was lost. It also returns how many acked
+// messages it verified.
+func (s *system) unprocessed(ctx context.Context, cs consumerState, msgs []streamMsg, letters map[deadLetter]bool) (lost []streamMsg, verified int, err error) {
+	db, ok := s.inboxOf(cs.spec.Durable)
+	if !ok {
+		return nil, 0, fmt.Errorf("audit: no database holds the inbox of %s", cs.spec.Durable)
+	}
+	bySeq := make(map[uuid.UUID][]streamMsg)
+	var ids []uuid.UUID
+	for _, m := range msgs {
+		if m.seq > cs.info.AckFloor.Stream || !matchesAny(cs.filters, m.subject) {
+			continue // not acked yet (the ack floor check reports it), or not its
+		}
+		if letters[deadLetter{durable: cs.spec.Durable, stream: cs.spec.Stream, seq: m.seq}] {
+			verified++
+			continue
+		}
+		if m.eventID == uuid.Nil {
+			lost = append(lost, m)
+			continue
+		}
+		if _, seen := bySeq[m.eventID]; !seen {
+			ids = append(ids, m.eventID)
+		}
+		bySeq[m.eventID] = append(bySeq[m.eventID], m)
+	}
+	q := platformdb.New()
+	missing := make(map[uuid.UUID]bool)
+	for chunk := range slices.Chunk(ids, lookupChunk) {
+		rows, err := q.MissingProcessed(ctx, db.pool, platformdb.MissingProcessedParams{EventIds: chunk, Consumer: cs.spec.Durable})
+		if err != nil {
+			return nil, 0, fmt.Errorf("audit: inbox rows of %s: %w", cs.spec.Durable, err)
+		}
+		for _, id := range rows {
+			missing[id] = true
+		}
+	}
+	for _, id := range ids {
+		if missing[id] {
+			lost = append(lost, bySeq[id]...)
+		} else {
+			verified += len(bySeq[id])
+		}
+	}
+	return lost, verified, nil
+}
+
+// inboxOf returns the database that holds durable's inbox rows: durables are
+// named "<service>-<subscription>".
+func (s *system) inboxOf(durable string) (database, bool) {
+	service, _, _ := strings.Cut(durable, "-")
+	for _, db := range s.databases() {
+		if db.service == service {
+			return db, true
+		}
+	}
+	return database{}, false
+}
+
+// matchesAny reports whether subject matches one of the NATS subject
+// filters (with the wildcards * for one token and > for the rest).
+func matchesAny(filters []string, subject string) bool {
+	for _, f := range filters {
+		if matches(f, subject) {
+			return true
+		}
+	}
+	return false
+}
+
+func matches(filter, subject string) bool {
+	ft, st := strings.Split(filter, "."), strings.Split(subject, ".")
+	for i, tok := range ft {
+		switch {
+		case tok == ">":
+			return len(st) > i
+		case i >= len(st):
+			return false
+		case tok != "*" && tok != st[i]:
+			return false
+		}
+	}
+	return len(ft) == len(st)
+}

@@ -1,0 +1,169 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/inbox"
+	"github.com/onceflow/onceflow/internal/streams"
+)
+
+// writeEffects is the set-based form of writeEffect.
+func writeEffects(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
+	ids := make([]uuid.UUID, len(evs))
+	for i, ev := range evs {
+		ids[i] = ev.ID
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO effects (event_id, n) SELECT unnest($1::uuid[]), 1`, ids)
+	return err
+}
+
+// batchRecorder is a BatchHandler that records the events of each call.
+type batchRecorder struct {
+	mu    sync.Mutex
+	calls [][]uuid.UUID
+	next  inbox.BatchHandler
+}
+
+func (r *batchRecorder) handle(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
+	ids := make([]uuid.UUID, len(evs))
+	for i, ev := range evs {
+		ids[i] = ev.ID
+	}
+	r.mu.Lock()
+	r.calls = append(r.calls, ids)
+	r.mu.Unlock()
+	return r.next(ctx, tx, evs)
+}
+
+// seen is every event the handler was called with, in call order.
+func (r *batchRecorder) seen() []uuid.UUID {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var all []uuid.UUID
+	for _, c := range r.calls {
+		all = append(all, c...)
+	}
+	return all
+}
+
+func TestBatchHandlerGetsTheNewEventsInFetchOrder(t *testing.T) {
+	t.Parallel()
+	e := setup(t, streams.Consumer{})
+	ev1, ev2, ev3, old := newEvent(t), newEvent(t), newEvent(t), newEvent(t)
+	// old was processed before: its claim is there, its redelivery is a
+	// duplicate that only the claim statement can recognise.
+	_, err := e.db.Pool.Exec(t.Context(),
+		`INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq) VALUES ($1, $2, $3, $4, 0)`,
+		testDurable, old.ID, string(old.Type), old.Time)
+	require.NoError(t, err)
+	for _, ev := range []event.Envelope{ev1, old, ev2, ev1, ev3} {
+		e.publish(t, ev)
+	}
+
+	var perEvent atomic.Int64
+	rec := &batchRecorder{next: writeEffects}
+	c := e.start(t, inbox.Config{Batched: true, BatchSize: 10, BatchHandler: rec.handle},
+		func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			perEvent.Add(1)
+			return writeEffect(ctx, tx, ev)
+		})
+
+	require.EventuallyWithT(t, func(c2 *assert.CollectT) {
+		assert.Equal(c2, inbox.Stats{Processed: 3, Duplicates: 2}, c.Stats())
+	}, waitFor, tick)
+	require.Equal(t, []uuid.UUID{ev1.ID, ev2.ID, ev3.ID}, rec.seen(), "new events only, in fetch order")
+	require.Zero(t, perEvent.Load(), "the per-event handler is only the fallback")
+	for _, ev := range []event.Envelope{ev1, ev2, ev3} {
+		require.EqualValues(t, 1, e.effects(t, ev.ID))
+	}
+	require.Zero(t, e.effects(t, old.ID))
+	require.EqualValues(t, 4, e.claims(t))
+	e.requireSettled(t)
+}
+
+func TestBatchHandlerFailureFallsBackEventByEvent(t *testing.T) {
+	t.Parallel()
+	e := setup(t, streams.Consumer{})
+	good1, bad, good2 := newEvent(t), newEvent(t), newEvent(t)
+	for _, ev := range []event.Envelope{good1, bad, good2} {
+		e.publish(t, ev)
+	}
+
+	// The batch handler writes for every event before it notices the bad
+	// one; none of that may survive the fallback.
+	batch := func(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
+		for _, ev := range evs {
+			if _, err := tx.Exec(ctx, `INSERT INTO effects (event_id, n) VALUES ($1, 2)`, ev.ID); err != nil {
+				return err
+			}
+		}
+		for _, ev := range evs {
+			if ev.ID == bad.ID {
+				return inbox.Permanent(errors.New("bad event in the batch"))
+			}
+		}
+		return nil
+	}
+	handler := func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		if ev.ID == bad.ID {
+			return inbox.Permanent(errors.New("bad event"))
+		}
+		return writeEffect(ctx, tx, ev)
+	}
+	c := e.start(t, inbox.Config{Batched: true, BatchSize: 10, BatchHandler: batch}, handler)
+
+	require.EventuallyWithT(t, func(c2 *assert.CollectT) {
+		assert.Equal(c2, inbox.Stats{Processed: 2, DeadLettered: 1}, c.Stats())
+	}, waitFor, tick)
+	for _, ev := range []event.Envelope{good1, good2} {
+		require.EqualValues(t, 1, e.effects(t, ev.ID))
+	}
+	require.Zero(t, e.effects(t, bad.ID))
+	n, err := e.count(t.Context(), `SELECT count(*) FROM effects WHERE n <> 1`)
+	require.NoError(t, err)
+	require.Zero(t, n, "the failed batch handler's writes are rolled back")
+	require.EqualValues(t, 2, e.claims(t), "the bad event's claim is released, the others' kept")
+	require.Len(t, e.dlqMsgs(t), 1)
+	e.requireSettled(t)
+}
+
+func TestBatchHandlerDuplicatesRacingHaveOneEffect(t *testing.T) {
+	t.Parallel()
+	e := setup(t, streams.Consumer{})
+	var cs []*inbox.Consumer
+	for range 2 {
+		cs = append(cs, e.start(t, inbox.Config{Batched: true, BatchSize: 4, Workers: 2, BatchHandler: writeEffects}, writeEffect))
+	}
+	evs := []event.Envelope{newEvent(t), newEvent(t), newEvent(t)}
+	const copies = 20
+	for range copies {
+		for _, ev := range evs {
+			e.publish(t, ev)
+		}
+	}
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var total inbox.Stats
+		for _, cons := range cs {
+			s := cons.Stats()
+			total.Processed += s.Processed
+			total.Duplicates += s.Duplicates
+		}
+		assert.EqualValues(c, copies*len(evs), total.Processed+total.Duplicates)
+		assert.EqualValues(c, len(evs), total.Processed)
+	}, waitFor, tick)
+	for _, ev := range evs {
+		require.EqualValues(t, 1, e.effects(t, ev.ID))
+	}
+	require.EqualValues(t, len(evs), e.claims(t))
+	e.requireSettled(t)
+}

@@ -1,0 +1,101 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+)
+
+// client sends the run's requests.
+type client struct {
+	http *http.Client
+	cfg  Config
+}
+
+// statusError is an HTTP answer that was not the one wanted.
+type statusError struct {
+	status int
+	body   string
+}
+
+func (e *statusError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.status, e.body) }
+
+// retryable reports whether a request that failed with err may succeed when
+// sent again with the same Idempotency-Key: a transport error or time-out,
+// a 409 (the first request with the key is still running), a 429 or a 5xx.
+func retryable(err error) bool {
+	var se *statusError
+	if errors.As(err, &se) {
+		return se.status == http.StatusConflict || se.status == http.StatusTooManyRequests || se.status >= 500
+	}
+	return !errors.Is(err, context.Canceled)
+}
+
+// do sends method url with body as JSON (nil: none) and decodes a 2xx
+// answer into out (nil: discarded).
+func (c *client) do(ctx context.Context, method, url, idempotencyKey string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if idempotencyKey != "" {
+		req.Header.Set("Idempotency-Key", idempotencyKey)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return fmt.Errorf("%s %s: read answer: %w", method, url, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		return &statusError{status: resp.StatusCode, body: string(bytes.TrimSpace(b))}
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("%s %s: decode answer: %w", method, url, err)
+	}
+	return nil
+}
+
+// retry calls f until it succeeds, fails for good, or ctx ends, waiting
+// between attempts from 50ms doubling to 1s. retried counts the attempts
+// after the first.
+func retry(ctx context.Context, retried func(), f func() error) error {
+	delay := 50 * time.Millisecond
+	for {
+		err := f()
+		if err == nil || !retryable(err) || ctx.Err() != nil {
+			return err
+		}
+		retried()
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		delay = min(2*delay, time.Second)
+	}
+}

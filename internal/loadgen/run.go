@@ -1,0 +1,167 @@
+package loadgen
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+)
+
+// maxErrorSamples is how many distinct placement errors a Result keeps.
+const maxErrorSamples = 5
+
+// place places orders from start for cfg.Duration, at cfg.Rate or as fast
+// as cfg.Concurrency workers can.
+func (r *run) place(ctx context.Context, start time.Time) {
+	placeCtx, cancel := context.WithDeadline(ctx, start.Add(r.cfg.Duration))
+	defer cancel()
+	// A request already sent is retried beyond the placing deadline: its
+	// order may exist, and only its key can tell.
+	retryCtx, cancelRetries := context.WithTimeout(ctx, r.cfg.Duration+r.cfg.SettleTimeout)
+	defer cancelRetries()
+
+	jobs := make(chan int)
+	var wg sync.WaitGroup
+	for w := range r.cfg.Concurrency {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(start.UnixNano()), uint64(w)))
+			for n := range jobs {
+				r.placeOne(retryCtx, rng, n)
+			}
+		})
+	}
+	interval := time.Duration(0)
+	if r.cfg.Rate > 0 {
+		interval = time.Duration(float64(time.Second) / r.cfg.Rate)
+	}
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+loop:
+	for n := 0; ; n++ {
+		if interval > 0 {
+			// On a schedule from start: a worker shortage delays orders,
+			// and they are sent as soon as workers are free again.
+			timer.Reset(time.Until(start.Add(time.Duration(n) * interval)))
+			select {
+			case <-placeCtx.Done():
+				break loop
+			case <-timer.C:
+			}
+		}
+		select {
+		case <-placeCtx.Done():
+			break loop
+		case jobs <- n:
+		}
+	}
+	r.placingEnded.Store(time.Now().UnixNano())
+	close(jobs)
+	wg.Wait()
+}
+
+// placeOne places order n, retrying with its Idempotency-Key until it is
+// placed, refused for good, or ctx ends.
+func (r *run) placeOne(ctx context.Context, rng *rand.Rand, n int) {
+	req := r.world.newOrder(rng, r.cfg.PoorShare, r.cfg.ScarceShare)
+	key := "lg-" + r.cfg.RunID + "-" + strconv.Itoa(n)
+	t0 := time.Now()
+	var o orderView
+	err := retry(ctx, func() { r.retries.Add(1) }, func() error {
+		return r.client.do(ctx, "POST", r.cfg.OrderURL+"/orders", key, req, &o)
+	})
+	lat := time.Since(t0)
+	if err != nil {
+		r.placeErrors.Add(1)
+		r.mu.Lock()
+		if msg := err.Error(); len(r.errorSamples) < maxErrorSamples {
+			r.errorSamples = append(r.errorSamples, msg)
+		}
+		r.mu.Unlock()
+		return
+	}
+	r.mu.Lock()
+	r.placeLatency = append(r.placeLatency, lat)
+	r.mu.Unlock()
+	r.tracker.add(o)
+}
+
+// pollParallelism bounds the requests of one poll.
+const pollParallelism = 8
+
+// pollBudget is the most orders one poll shows per second of PollInterval
+// (lists and single lookups): about twice what a healthy run at 1,000
+// orders/s needs.
+const pollBudget = 2000
+
+// follow polls the pending orders until placing ended and every order is
+// finished, or the settle time-out passed since placing ended.
+func (r *run) follow(ctx context.Context, placingDone <-chan struct{}) error {
+	ticker := time.NewTicker(r.cfg.PollInterval)
+	defer ticker.Stop()
+	var settled <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-placingDone:
+			placingDone = nil
+			settle := time.NewTimer(r.cfg.SettleTimeout)
+			defer settle.Stop()
+			settled = settle.C
+			continue
+		case <-settled:
+			return nil
+		case <-ticker.C:
+		}
+		r.poll(ctx)
+		if _, pending := r.tracker.counts(); placingDone == nil && pending == 0 {
+			return nil
+		}
+	}
+}
+
+// poll lists the recent orders of customers with pending ones, and looks
+// up one by one the pending orders those lists do not show.
+func (r *run) poll(ctx context.Context) {
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(pollParallelism)
+	budget := int(pollBudget * r.cfg.PollInterval.Seconds())
+	for _, j := range r.tracker.jobs(budget, time.Now()) {
+		g.Go(func() error {
+			var list struct {
+				Orders []orderView `json:"orders"`
+			}
+			u := fmt.Sprintf("%s/orders?customer_id=%s&limit=%d", r.cfg.OrderURL, url.QueryEscape(j.customer), j.limit)
+			r.pollRequests.Add(1)
+			if err := r.client.do(ctx, "GET", u, "", nil, &list); err == nil {
+				r.tracker.update(list.Orders...)
+			} // else the next poll tries again
+			shown := make(map[string]bool, len(list.Orders))
+			for _, o := range list.Orders {
+				shown[o.ID] = true
+			}
+			singles := 0
+			for _, id := range j.due {
+				if singles == maxSingles {
+					break
+				}
+				if shown[id] || !r.tracker.check(id, time.Now()) {
+					continue
+				}
+				singles++
+				var o orderView
+				r.pollRequests.Add(1)
+				if err := r.client.do(ctx, "GET", r.cfg.OrderURL+"/orders/"+url.PathEscape(id), "", nil, &o); err == nil {
+					r.tracker.update(o)
+				}
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+}

@@ -1,0 +1,167 @@
+package inventory
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/inbox"
+	"github.com/onceflow/onceflow/internal/outbox"
+	"github.com/onceflow/onceflow/services/inventory/internal/dbsqlc"
+)
+
+// HandlePaymentDebitedBatch is the set-based form of HandlePaymentDebited
+// for the new PaymentDebited events of an inbox batch: it leaves the
+// database as HandlePaymentDebited called for each event in turn would, in
+// six statements whatever the batch size.
+//
+// It locks the stock rows of every SKU of the batch once, in SKU order (the
+// order HandlePaymentDebited locks in, so neither form can deadlock the
+// other), decides each order in event order in Go against the stock the
+// orders before it left, and then writes the net decrement per SKU, the
+// reservations, their lines and the outcome events with one statement each.
+// Any error — also another transaction deciding one of the orders at the
+// same time — makes the inbox fall back to HandlePaymentDebited per event.
+func (s *Service) HandlePaymentDebitedBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
+	debited := make([]event.PaymentDebitedV1, len(evs))
+	orderIDs := make([]uuid.UUID, len(evs))
+	allSKUs := make(map[string]bool)
+	for i, ev := range evs {
+		if ev.Type != event.PaymentDebited {
+			return inbox.Permanent(fmt.Errorf("unexpected event type %s", ev.Type))
+		}
+		if err := ev.Decode(&debited[i]); err != nil {
+			return err
+		}
+		orderIDs[i] = debited[i].OrderID
+		for _, l := range debited[i].Lines {
+			allSKUs[l.SKU] = true
+		}
+	}
+
+	// Locking before deciding makes the decisions hold until commit.
+	stock, err := s.queries.LockStock(ctx, tx, slices.Sorted(maps.Keys(allSKUs)))
+	if err != nil {
+		return fmt.Errorf("lock stock of %d skus: %w", len(allSKUs), err)
+	}
+	available := make(map[string]int64, len(stock))
+	for _, row := range stock {
+		available[row.Sku] = row.Available
+	}
+	// The reservation row is an order's one decision: an order decided
+	// before, or earlier in this batch, changes nothing.
+	known, err := s.queries.DecidedOrders(ctx, tx, orderIDs)
+	if err != nil {
+		return fmt.Errorf("look up reservations of %d orders: %w", len(orderIDs), err)
+	}
+	decided := make(map[uuid.UUID]bool, len(evs))
+	for _, id := range known {
+		decided[id] = true
+	}
+
+	var (
+		reservations []dbsqlc.InsertReservationParams
+		lines        dbsqlc.InsertReservationLinesOfOrdersParams
+		taken        = make(map[string]int64)
+		emitted      []event.Envelope
+	)
+	for i, p := range debited {
+		if decided[p.OrderID] {
+			continue
+		}
+		decided[p.OrderID] = true
+		skus, quantities := demand(p.Lines)
+		// The stock as this order sees it: what the orders before it left.
+		seen := make([]dbsqlc.LockStockRow, 0, len(skus))
+		for _, sku := range skus {
+			if have, ok := available[sku]; ok {
+				seen = append(seen, dbsqlc.LockStockRow{Sku: sku, Available: have})
+			}
+		}
+		reason := shortfall(skus, quantities, seen)
+		var next event.Envelope
+		if reason != "" {
+			reservations = append(reservations, dbsqlc.InsertReservationParams{OrderID: p.OrderID, Status: StatusRejected, Reason: reason})
+			next, err = evs[i].Caused(Name, event.StockRejected, event.StockRejectedV1{Order: p.Order, AmountCents: p.AmountCents, Reason: reason})
+		} else {
+			reservations = append(reservations, dbsqlc.InsertReservationParams{OrderID: p.OrderID, Status: StatusReserved})
+			for j, sku := range skus {
+				available[sku] -= quantities[j]
+				taken[sku] += quantities[j]
+				lines.OrderIds = append(lines.OrderIds, p.OrderID)
+				lines.Skus = append(lines.Skus, sku)
+				lines.Quantities = append(lines.Quantities, quantities[j])
+			}
+			next, err = evs[i].Caused(Name, event.StockReserved, event.StockReservedV1{Order: p.Order, Lines: p.Lines})
+		}
+		if err != nil {
+			return err
+		}
+		emitted = append(emitted, next)
+	}
+
+	if err := s.decrementStock(ctx, tx, taken); err != nil {
+		return err
+	}
+	if err := s.insertReservations(ctx, tx, reservations); err != nil {
+		return err
+	}
+	if len(lines.OrderIds) > 0 {
+		if err := s.queries.InsertReservationLinesOfOrders(ctx, tx, lines); err != nil {
+			return fmt.Errorf("record reservation lines of %d orders: %w", len(reservations), err)
+		}
+	}
+	return outbox.EnqueueBatch(ctx, tx, emitted)
+}
+
+// decrementStock takes the net quantity of each SKU, in SKU order.
+func (s *Service) decrementStock(ctx context.Context, tx pgx.Tx, taken map[string]int64) error {
+	if len(taken) == 0 {
+		return nil
+	}
+	arg := dbsqlc.DecrementStockParams{Skus: slices.Sorted(maps.Keys(taken))}
+	arg.Quantities = make([]int64, len(arg.Skus))
+	for i, sku := range arg.Skus {
+		arg.Quantities[i] = taken[sku]
+	}
+	n, err := s.queries.DecrementStock(ctx, tx, arg)
+	if err != nil {
+		return fmt.Errorf("decrement stock of %d skus: %w", len(arg.Skus), err)
+	}
+	if n != int64(len(arg.Skus)) {
+		// The rows are locked and were checked: this cannot happen unless
+		// the schema or the locking is broken.
+		return fmt.Errorf("decrement stock: %d of %d skus updated", n, len(arg.Skus))
+	}
+	return nil
+}
+
+// insertReservations records the decisions in order id order, so that two
+// batches that carry the same order insert their keys in the same order. An
+// order that another transaction decided meanwhile is a unique violation.
+func (s *Service) insertReservations(ctx context.Context, tx pgx.Tx, rs []dbsqlc.InsertReservationParams) error {
+	if len(rs) == 0 {
+		return nil
+	}
+	slices.SortFunc(rs, func(a, b dbsqlc.InsertReservationParams) int {
+		return bytes.Compare(a.OrderID[:], b.OrderID[:])
+	})
+	arg := dbsqlc.InsertReservationsParams{
+		OrderIds: make([]uuid.UUID, len(rs)),
+		Statuses: make([]string, len(rs)),
+		Reasons:  make([]string, len(rs)),
+	}
+	for i, r := range rs {
+		arg.OrderIds[i], arg.Statuses[i], arg.Reasons[i] = r.OrderID, r.Status, r.Reason
+	}
+	if err := s.queries.InsertReservations(ctx, tx, arg); err != nil {
+		return fmt.Errorf("record %d reservations: %w", len(rs), err)
+	}
+	return nil
+}

@@ -1,0 +1,192 @@
+package payment_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/app"
+	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/postgres"
+	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/services/payment"
+)
+
+// TestOrderPlacedBatchEqualsEventByEvent runs one random sequence of
+// OrderPlaced events through HandleOrderPlaced, one transaction per event,
+// and through HandleOrderPlacedBatch in random batches, on two databases
+// seeded alike, and requires the same wallets, payments and emitted events.
+func TestOrderPlacedBatchEqualsEventByEvent(t *testing.T) {
+	t.Parallel()
+	for seed := range uint64(4) {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			t.Parallel()
+			rng := rand.New(rand.NewPCG(seed, 0x5eed))
+			schema, err := postgres.ServiceSchema(payment.Name)
+			require.NoError(t, err)
+			ref, set := testenv.NewDatabase(t, schema), testenv.NewDatabase(t, schema)
+
+			// c5 has no wallet; the others have a balance that some of
+			// their orders exhaust.
+			for i := range 5 {
+				customer, cents := fmt.Sprint("c", i), rng.Int64N(80)*250
+				for _, db := range []*testenv.Database{ref, set} {
+					_, err := db.Pool.Exec(t.Context(), `INSERT INTO wallets (customer_id, balance_cents) VALUES ($1, $2)`, customer, cents)
+					require.NoError(t, err)
+				}
+			}
+			evs := randomOrders(t, rng, 300)
+
+			refSvc, setSvc := payment.New(ref.Pool), payment.New(set.Pool)
+			for _, ev := range evs {
+				inTx(t, ref.Pool, func(ctx context.Context, tx pgx.Tx) error { return refSvc.HandleOrderPlaced(ctx, tx, ev) })
+			}
+			for rest := evs; len(rest) > 0; {
+				batch := rest[:1+rng.IntN(min(len(rest), 40))]
+				rest = rest[len(batch):]
+				inTx(t, set.Pool, func(ctx context.Context, tx pgx.Tx) error { return setSvc.HandleOrderPlacedBatch(ctx, tx, batch) })
+			}
+
+			for _, q := range []string{
+				`SELECT customer_id, balance_cents FROM wallets ORDER BY customer_id`,
+				`SELECT order_id, customer_id, amount_cents, status, reason FROM payments ORDER BY order_id`,
+				// Emitted events get fresh ids and times; everything else,
+				// their order included, must match.
+				`SELECT event_type, source, subject, nats_subject, data, traceparent FROM outbox ORDER BY id`,
+			} {
+				want := dump(t, ref.Pool, q)
+				require.NotEmpty(t, want, q)
+				require.Equal(t, want, dump(t, set.Pool, q), q)
+			}
+			var debited, rejected int
+			require.NoError(t, ref.Pool.QueryRow(t.Context(),
+				`SELECT count(*) FILTER (WHERE status = 'DEBITED'), count(*) FILTER (WHERE status = 'REJECTED') FROM payments`).
+				Scan(&debited, &rejected))
+			require.Positive(t, debited, "the sequence debits")
+			require.Positive(t, rejected, "the sequence exhausts wallets")
+		})
+	}
+}
+
+// randomOrders returns n OrderPlaced events of customers c0 to c5; about one
+// in ten re-emits an earlier order under a new event id.
+func randomOrders(t *testing.T, rng *rand.Rand, n int) []event.Envelope {
+	t.Helper()
+	var evs []event.Envelope
+	for len(evs) < n {
+		if len(evs) > 0 && rng.IntN(10) == 0 {
+			again := evs[rng.IntN(len(evs))]
+			again.ID = uuid.Must(uuid.NewV7())
+			evs = append(evs, again)
+			continue
+		}
+		var lines event.Lines
+		for range 1 + rng.IntN(3) {
+			lines = append(lines, event.OrderLine{
+				SKU:            []string{"apple", "pear"}[rng.IntN(2)],
+				Quantity:       1 + rng.Int32N(5),
+				UnitPriceCents: rng.Int64N(4) * 250, // sometimes free
+			})
+		}
+		total, err := lines.Total()
+		require.NoError(t, err)
+		ev := orderPlaced(t, fmt.Sprint("c", rng.IntN(6)), 1)
+		var p event.OrderPlacedV1
+		require.NoError(t, ev.Decode(&p))
+		p.Lines, p.TotalCents = lines, total
+		ev, err = event.New("order", event.OrderPlaced, ev.Subject, p)
+		require.NoError(t, err)
+		if rng.IntN(2) == 0 {
+			ev.TraceParent = fmt.Sprintf("00-%032x-%016x-01", rng.Uint64(), rng.Uint64()|1)
+		}
+		evs = append(evs, ev)
+	}
+	return evs
+}
+
+// inTx runs f in a transaction and commits it.
+func inTx(t *testing.T, pool *pgxpool.Pool, f func(context.Context, pgx.Tx) error) {
+	t.Helper()
+	ctx := t.Context()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	require.NoError(t, f(ctx, tx))
+	require.NoError(t, tx.Commit(ctx))
+}
+
+// dump returns the rows of query.
+func dump(t *testing.T, pool *pgxpool.Pool, query string) [][]any {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), query)
+	require.NoError(t, err)
+	defer rows.Close()
+	var all [][]any
+	for rows.Next() {
+		vals, err := rows.Values()
+		require.NoError(t, err)
+		all = append(all, vals)
+	}
+	require.NoError(t, rows.Err())
+	return all
+}
+
+// TestOrdersOfOneWalletAreDebitedInStreamOrder sends a wallet more orders
+// than it covers, with a poison event among them, at once, so that they
+// share batches: the orders that fit are debited in stream order, the rest
+// rejected, and the poison dead-lettered without failing its batch.
+func TestOrdersOfOneWalletAreDebitedInStreamOrder(t *testing.T) {
+	t.Parallel()
+	eachMode(t, "", func(t *testing.T, mode func(*app.Config)) {
+		svc := start(t, mode)
+		credit(t, svc, "erin", 1000)
+		outcomes := svc.Watch(t, streams.Payments, "payments.>")
+		dlq := svc.Watch(t, streams.DLQ, streams.DLQSubjectPrefix+streams.PaymentOrders)
+
+		var orders []event.Envelope
+		for range 8 {
+			orders = append(orders, orderPlaced(t, "erin", 300))
+		}
+		poison := orderPlaced(t, "erin", 300)
+		poison.Data = []byte(strings.Replace(string(poison.Data), `"total_cents":300`, `"total_cents":1`, 1))
+		for i, ev := range append(slices.Insert(slices.Clone(orders), 4, poison), orders[0]) {
+			msg, err := ev.Msg()
+			require.NoError(t, err)
+			if i == 9 {
+				msg.Header.Set(jetstream.MsgIDHeader, uuid.NewString()) // a duplicate for the inbox
+			}
+			_, err = svc.JS.PublishMsgAsync(msg)
+			require.NoError(t, err)
+		}
+		select {
+		case <-svc.JS.PublishAsyncComplete():
+		case <-t.Context().Done():
+		}
+
+		require.Equal(t, poison.ID, dlq.Wait(t, 1)[0].ID)
+		got := map[string]event.Type{}
+		for _, ev := range outcomes.Wait(t, len(orders)) {
+			got[ev.Subject] = ev.Type
+		}
+		for i, ev := range orders {
+			want := event.PaymentRejected
+			if i < 3 {
+				want = event.PaymentDebited
+			}
+			require.Equal(t, want, got[ev.Subject], "order %d", i)
+		}
+		requireProcessed(t, svc, streams.PaymentOrders, 10)
+		require.Len(t, outcomes.Seen(), len(orders))
+		require.Equal(t, int64(100), balance(t, svc, "erin"))
+	})
+}
