@@ -1,23 +1,39 @@
 // Package e2e is the end-to-end fault-injection suite of onceflow. It holds
-// only tests: `go test ./e2e` (part of `go test ./...`) builds the onceflow
-// binary and a nats-server binary from the pinned module, starts PostgreSQL
-// (TEST_DATABASE_URL's server, else a testcontainers-go container when a
-// Docker engine answers, else a durable cluster from the local installation),
-// and then, for each scenario, creates the four service databases, runs NATS
-// and every service as its own OS process, drives orders through the HTTP
-// APIs with a client that retries under the same Idempotency-Key, injects
-// the scenario's fault, waits until the system is quiet, and checks it: with
-// the invariant auditor (internal/audit) and with the client's own record of
-// what it asked for (one order per key, credits applied once, stock as set,
-// one committed handler run per event and consumer).
+// only tests; `go test ./e2e` (part of `go test ./...`) runs it.
+//
+// TestMain builds the onceflow binary and a nats-server binary from the
+// module pinned in go.mod (both without the race detector, as they run in
+// production), and starts PostgreSQL: TEST_DATABASE_URL's server if set,
+// else a testcontainers-go container when a Docker engine answers, else a
+// durable cluster (fsync on) from the local installation. Each scenario then
+// creates its four service databases, starts its own nats-server process
+// (with deploy/nats/onceflow.conf's JetStream settings, sync_interval
+// always included), runs every service instance as its own OS process with
+// its log in the test's temporary directory, waits for /readyz, and drives
+// orders through the HTTP APIs with a client that retries transport errors,
+// time-outs, 5xx and 409 under the same Idempotency-Key. It injects its
+// fault during the load, waits until the system is quiet, and checks it
+// twice: with the invariant auditor (internal/audit), and with the client's
+// own record of what it asked for — one order per Idempotency-Key, every
+// accepted credit applied once, available + reserved = the stock level it
+// set, and each consumer's committed handler runs (its "processed" counter,
+// summed over instances and restarts) never more than its inbox rows.
 //
 // Each scenario logs one figures line (go test -v shows it):
 //
-//	figures: scenario=Crash orders=612 (confirmed=… rejected=… cancelled=…) duplicates_dropped=… redeliveries=… faults=… dlq=0 violations=0 …
+//	figures: scenario=TestCrash orders=484 (confirmed=354 rejected=100 cancelled=30) duplicates_dropped=94 redeliveries=161 faults=10 (kill_9:order=3 … self_kill_after_commit:payment=4) dlq=0 violations=0 …
 //
-// The scenarios run one after the other, never in parallel: they kill and
-// restart shared servers and they need the machine's cores. E2E_SCALE (a
-// positive number, default 1) multiplies the load of every scenario, for a
-// longer soak. A failing scenario dumps the end of every process's log.
-// `go test -count=10 -run Crash ./e2e` is the stress mode.
+// duplicates_dropped sums onceflow_inbox_events_total{outcome="duplicate"}
+// over the instances' /metrics (scraped every half second and before each
+// kill, so a lower bound where processes die); redeliveries is JetStream's
+// count of deliveries beyond the first (each durable's delivered consumer
+// sequence minus the messages it subscribes to); dlq is the auditor's count
+// of DLQ entries; violations counts the auditor's and the client's.
+//
+// The scenarios run two at a time (t.Parallel), each on its own NATS server,
+// processes and databases, except TestDatabaseRestart, which restarts the
+// shared PostgreSQL server and so runs alone. A failing scenario dumps the
+// end of every process's log. E2E_SCALE (a positive number, default 1)
+// multiplies every scenario's load for a longer soak;
+// `go test -count=10 -run TestCrash ./e2e` is the stress mode.
 package e2e

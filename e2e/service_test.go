@@ -36,8 +36,6 @@ type service struct {
 	// current one.
 	pastMetrics metrics
 	metrics     metrics
-	starts      int
-	kills       int // by the harness
 	selfKills   int // SIGKILLs the harness did not send: the fault hook
 	unexpected  []string
 	done        chan struct{} // closed when the supervisor returns
@@ -79,7 +77,6 @@ func (s *service) launch() (*process, error) {
 		return nil, fmt.Errorf("start %s: %w", s.name, err)
 	}
 	s.proc, s.killed, s.metrics = p, false, nil
-	s.starts++
 	return p, nil
 }
 
@@ -114,7 +111,9 @@ func (s *service) supervise(p *process) {
 		stopping, killed := s.stopping, s.killed
 		switch {
 		case stopping || killed:
-		case p.killedBySignal(syscall.SIGKILL):
+		case s.restart && p.killedBySignal(syscall.SIGKILL):
+			// Only the fault hook kills a service that way, and only where
+			// the scenario restarts it.
 			s.selfKills++
 		default:
 			s.unexpected = append(s.unexpected, fmt.Sprintf("%s exited unexpectedly: %v", s.name, p.err))
@@ -150,7 +149,6 @@ func (s *service) kill(ctx context.Context) bool {
 		return false
 	}
 	s.killed = true
-	s.kills++
 	s.proc.signal(syscall.SIGKILL)
 	return true
 }

@@ -5,4 +5,8 @@
 //
 // Handlers return errors; ErrorHandler is the one place that maps them to
 // status codes, and it logs only server errors.
+//
+// Observe is the middleware that measures (Prometheus, on the registry it is
+// given) and traces (a server span continuing the caller's traceparent)
+// every request.
 package httpapi
