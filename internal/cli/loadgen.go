@@ -59,10 +59,12 @@ event's time to the terminal event's, both by the order service's clock.
 		Progress:      inv.stderr,
 		TTY:           isTerminal(inv.stderr),
 	})
+	if res != nil {
+		res.WriteText(inv.stdout)
+	}
 	if err != nil {
 		return fmt.Errorf("loadgen: %w", err)
 	}
-	res.WriteText(inv.stdout)
 	if *jsonPath != "" {
 		if err := res.WriteJSON(*jsonPath); err != nil {
 			return fmt.Errorf("loadgen: %w", err)

@@ -197,7 +197,8 @@ func (c chart) png() ([]byte, error) {
 		d.DrawString(s)
 	}
 	width := func(s string) int { return font.MeasureString(basicfont.Face7x13, s).Ceil() }
-	text(c.left, 22, c.title, black)
+	// The bitmap font has ASCII only.
+	text(c.left, 22, strings.ReplaceAll(c.title, "→", "->"), black)
 	for i := 0; i <= 5; i++ {
 		v := c.upper() * float64(i) / 5
 		s := fmtMS(v)

@@ -106,8 +106,9 @@ func (cfg *Config) defaults() error {
 
 // Run seeds, places orders for cfg.Duration, follows them to their
 // terminal states and returns what it measured. It fails only when it
-// cannot seed or ctx ends; orders that could not be placed or did not
-// finish are counted in the Result.
+// cannot seed or ctx ends, and then returns what it measured until then
+// too, if anything; orders that could not be placed or did not finish are
+// counted in the Result.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
@@ -145,7 +146,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return nil, err
+		// Interrupted: what was measured so far is still worth reporting.
+		res := r.result(start)
+		res.Interrupted = true
+		return res, err
 	}
 	return r.result(start), nil
 }

@@ -139,6 +139,24 @@ func TestRunAgainstDev(t *testing.T) {
 		}
 		require.Equal(t, res.Placed, total, "orders placed twice")
 	})
+
+	// Interrupted, a run reports what it measured until then.
+	t.Run("interrupted", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		time.AfterFunc(1500*time.Millisecond, cancel)
+		res, err := loadgen.Run(ctx, loadgen.Config{
+			OrderURL:     e.URL("order"),
+			PaymentURL:   e.URL("payment"),
+			InventoryURL: e.URL("inventory"),
+			Rate:         20,
+			Duration:     time.Minute,
+		})
+		require.ErrorIs(t, err, context.Canceled)
+		require.NotNil(t, res)
+		require.True(t, res.Interrupted)
+		require.Positive(t, res.Placed)
+		require.Less(t, res.Duration, 30.0)
+	})
 }
 
 func startDev(t *testing.T) *dev.Env {

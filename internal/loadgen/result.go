@@ -21,6 +21,7 @@ type Result struct {
 	TargetRate  float64   `json:"target_rate"` // 0: as fast as possible
 	Concurrency int       `json:"concurrency"`
 	Duration    float64   `json:"duration_seconds"` // of placing
+	Interrupted bool      `json:"interrupted,omitempty"`
 
 	Placed       int      `json:"placed"`
 	PlaceErrors  int64    `json:"place_errors"`  // orders given up on
@@ -161,6 +162,9 @@ func (r *Result) WriteText(w io.Writer) {
 		target = fmt.Sprintf("%g orders/s", r.TargetRate)
 	}
 	fmt.Fprintf(w, "run %s: %s for %.1fs, %d concurrent clients\n", r.RunID, target, r.Duration, r.Concurrency)
+	if r.Interrupted {
+		fmt.Fprintln(w, "  interrupted: the figures cover the run until then")
+	}
 	fmt.Fprintf(w, "  placed      %d (%.1f/s), %d given up, %d retries with the same key\n",
 		r.Placed, r.PlacedPerSecond, r.PlaceErrors, r.Retries)
 	fmt.Fprintf(w, "  finished    %.1f orders/s to a terminal state: %d confirmed, %d rejected, %d cancelled, %d unfinished\n",
