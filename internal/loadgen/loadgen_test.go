@@ -48,15 +48,17 @@ func TestRunAgainstDev(t *testing.T) {
 		require.NoError(t, err)
 		res.WriteText(t.Output())
 
-		// Sanity, not performance: other tests may share the machine.
-		require.InDelta(t, 115, res.Placed, 15, "40/s for 3s")
+		// Sanity, not performance: other tests share the machine, so the
+		// rate is an upper bound that must hold, and a loose lower one.
+		require.LessOrEqual(t, res.Placed, 121, "never above 40/s for 3s")
+		require.GreaterOrEqual(t, res.Placed, 24, "40/s for 3s")
 		require.Zero(t, res.PlaceErrors)
 		require.Zero(t, res.Unfinished)
 		require.Equal(t, res.Placed, res.Outcomes["CONFIRMED"]+res.Outcomes["REJECTED"]+res.Outcomes["CANCELLED"])
 		for _, s := range []string{"CONFIRMED", "REJECTED", "CANCELLED"} {
 			require.Positive(t, res.Outcomes[s], "no order %s: %v", s, res.Outcomes)
 		}
-		require.InDelta(t, 37, res.PlacedPerSecond, 7)
+		require.LessOrEqual(t, res.PlacedPerSecond, 42.0)
 		// Over the placing time and the last orders' latency.
 		require.Positive(t, res.FinishedPerSecond)
 		require.Less(t, res.FinishedPerSecond, 1.2*res.PlacedPerSecond)
