@@ -69,6 +69,32 @@ func (s *Service) handleInventoryEvent(ctx context.Context, tx pgx.Tx, ev event.
 	return inbox.Permanent(fmt.Errorf("unexpected event type %s on %s", ev.Type, streams.Inventory))
 }
 
+// lockingBatch turns a subscription's handler into the inbox's batch form:
+// it locks every order of the batch in id order first, then handles the
+// events one by one. Without it the two subscriptions' batches would lock
+// orders in event order and deadlock each other under load (PostgreSQL
+// breaks the cycle, but each deadlock costs a retry of the whole batch).
+func (s *Service) lockingBatch(h inbox.Handler) inbox.BatchHandler {
+	return func(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
+		ids := make([]uuid.UUID, 0, len(evs))
+		for _, ev := range evs {
+			// The subject is the order id; a bad one is refused by h.
+			if id, err := uuid.Parse(ev.Subject); err == nil {
+				ids = append(ids, id)
+			}
+		}
+		if err := s.queries.LockOrders(ctx, tx, ids); err != nil {
+			return fmt.Errorf("lock %d orders: %w", len(ids), err)
+		}
+		for _, ev := range evs {
+			if err := h(ctx, tx, ev); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
 // HandlePaymentDebited moves a PENDING order to PAID.
 func (s *Service) HandlePaymentDebited(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 	var p event.PaymentDebitedV1

@@ -156,3 +156,38 @@ func (s *Service) insertPayments(ctx context.Context, tx pgx.Tx, payments []dbsq
 	}
 	return nil
 }
+
+// HandleStockRejectedBatch refunds the orders of an inbox batch of
+// StockRejected events. The refunds themselves are HandleStockRejected's;
+// what the batch adds is the lock order. One transaction refunding several
+// orders would otherwise take wallet locks in event order while a debit
+// batch takes them in key order, and the two deadlock under load (each
+// deadlock costs a retry, and enough of them exhaust MaxDeliver). So it
+// locks every wallet the batch will touch first, in key order, as a debit
+// batch does.
+func (s *Service) HandleStockRejectedBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
+	orderIDs := make([]uuid.UUID, len(evs))
+	for i, ev := range evs {
+		if ev.Type != event.StockRejected {
+			return inbox.Permanent(fmt.Errorf("unexpected event type %s", ev.Type))
+		}
+		var p event.StockRejectedV1
+		if err := ev.Decode(&p); err != nil {
+			return err
+		}
+		orderIDs[i] = p.OrderID
+	}
+	customers, err := s.queries.PaymentCustomers(ctx, tx, orderIDs)
+	if err != nil {
+		return fmt.Errorf("look up customers of %d payments: %w", len(orderIDs), err)
+	}
+	if _, err := s.queries.LockWallets(ctx, tx, customers); err != nil {
+		return fmt.Errorf("lock wallets of %d customers: %w", len(customers), err)
+	}
+	for _, ev := range evs {
+		if err := s.HandleStockRejected(ctx, tx, ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}

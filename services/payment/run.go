@@ -18,7 +18,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		return app.Spec{
 			Subscriptions: []app.Subscription{
 				{Stream: streams.Orders, Durable: streams.PaymentOrders, Handler: s.HandleOrderPlaced, BatchHandler: s.HandleOrderPlacedBatch},
-				{Stream: streams.Inventory, Durable: streams.PaymentInventory, Handler: s.HandleStockRejected},
+				{Stream: streams.Inventory, Durable: streams.PaymentInventory, Handler: s.HandleStockRejected, BatchHandler: s.HandleStockRejectedBatch},
 			},
 			Routes: s.Routes,
 		}, nil

@@ -44,3 +44,12 @@ SELECT order_id, sku, quantity, unit_price_cents
 FROM order_lines
 WHERE order_id = ANY (@order_ids::uuid[])
 ORDER BY order_id, line_no;
+
+-- name: LockOrders :exec
+-- Locks the orders among ids in id order: a batch that touches several
+-- orders takes their locks in the same order as any other batch.
+SELECT id
+FROM orders
+WHERE id = ANY (@ids::uuid[])
+ORDER BY id
+FOR UPDATE;

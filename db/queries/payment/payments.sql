@@ -30,3 +30,10 @@ SELECT
     unnest(@amounts::bigint[]),
     unnest(@statuses::text[]),
     unnest(@reasons::text[]);
+
+-- name: PaymentCustomers :many
+-- The customers whose payments are among order_ids, in key order.
+SELECT DISTINCT customer_id
+FROM payments
+WHERE order_id = ANY (@order_ids::uuid[])
+ORDER BY customer_id;

@@ -200,6 +200,21 @@ func (q *Queries) LockOrder(ctx context.Context, db DBTX, id uuid.UUID) (Order, 
 	return i, err
 }
 
+const lockOrders = `-- name: LockOrders :exec
+SELECT id
+FROM orders
+WHERE id = ANY ($1::uuid[])
+ORDER BY id
+FOR UPDATE
+`
+
+// Locks the orders among ids in id order: a batch that touches several
+// orders takes their locks in the same order as any other batch.
+func (q *Queries) LockOrders(ctx context.Context, db DBTX, ids []uuid.UUID) error {
+	_, err := db.Exec(ctx, lockOrders, ids)
+	return err
+}
+
 const setOrderStatus = `-- name: SetOrderStatus :exec
 UPDATE orders
 SET status = $1, updated_at = now()

@@ -130,3 +130,31 @@ func (q *Queries) PaidOrders(ctx context.Context, db DBTX, orderIds []uuid.UUID)
 	}
 	return items, nil
 }
+
+const paymentCustomers = `-- name: PaymentCustomers :many
+SELECT DISTINCT customer_id
+FROM payments
+WHERE order_id = ANY ($1::uuid[])
+ORDER BY customer_id
+`
+
+// The customers whose payments are among order_ids, in key order.
+func (q *Queries) PaymentCustomers(ctx context.Context, db DBTX, orderIds []uuid.UUID) ([]string, error) {
+	rows, err := db.Query(ctx, paymentCustomers, orderIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []string{}
+	for rows.Next() {
+		var customer_id string
+		if err := rows.Scan(&customer_id); err != nil {
+			return nil, err
+		}
+		items = append(items, customer_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
