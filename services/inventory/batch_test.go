@@ -9,11 +9,11 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/app"
+	"github.com/onceflow/onceflow/internal/apptest"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
@@ -47,12 +47,12 @@ func TestPaymentDebitedBatchEqualsEventByEvent(t *testing.T) {
 
 			refSvc, setSvc := inventory.New(ref.Pool), inventory.New(set.Pool)
 			for _, ev := range evs {
-				inTx(t, ref.Pool, func(ctx context.Context, tx pgx.Tx) error { return refSvc.HandlePaymentDebited(ctx, tx, ev) })
+				apptest.InTx(t, ref.Pool, func(ctx context.Context, tx pgx.Tx) error { return refSvc.HandlePaymentDebited(ctx, tx, ev) })
 			}
 			for rest := evs; len(rest) > 0; {
 				batch := rest[:1+rng.IntN(min(len(rest), 40))]
 				rest = rest[len(batch):]
-				inTx(t, set.Pool, func(ctx context.Context, tx pgx.Tx) error { return setSvc.HandlePaymentDebitedBatch(ctx, tx, batch) })
+				apptest.InTx(t, set.Pool, func(ctx context.Context, tx pgx.Tx) error { return setSvc.HandlePaymentDebitedBatch(ctx, tx, batch) })
 			}
 
 			for _, q := range []string{
@@ -63,9 +63,9 @@ func TestPaymentDebitedBatchEqualsEventByEvent(t *testing.T) {
 				// their order included, must match.
 				`SELECT event_type, source, subject, nats_subject, data, traceparent FROM outbox ORDER BY id`,
 			} {
-				want := dump(t, ref.Pool, q)
+				want := apptest.Rows(t, ref.Pool, q)
 				require.NotEmpty(t, want, q)
-				require.Equal(t, want, dump(t, set.Pool, q), q)
+				require.Equal(t, want, apptest.Rows(t, set.Pool, q), q)
 			}
 			var reserved, rejected int
 			require.NoError(t, ref.Pool.QueryRow(t.Context(),
@@ -109,33 +109,6 @@ func randomDebits(t *testing.T, rng *rand.Rand, n int) []event.Envelope {
 	return evs
 }
 
-// inTx runs f in a transaction and commits it.
-func inTx(t *testing.T, pool *pgxpool.Pool, f func(context.Context, pgx.Tx) error) {
-	t.Helper()
-	ctx := t.Context()
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	require.NoError(t, f(ctx, tx))
-	require.NoError(t, tx.Commit(ctx))
-}
-
-// dump returns the rows of query.
-func dump(t *testing.T, pool *pgxpool.Pool, query string) [][]any {
-	t.Helper()
-	rows, err := pool.Query(t.Context(), query)
-	require.NoError(t, err)
-	defer rows.Close()
-	var all [][]any
-	for rows.Next() {
-		vals, err := rows.Values()
-		require.NoError(t, err)
-		all = append(all, vals)
-	}
-	require.NoError(t, rows.Err())
-	return all
-}
-
 // TestOrdersCompetingForStockAreDecidedInStreamOrder sends more orders for
 // one SKU than its stock covers, with a poison event among them, at once, so
 // that they share batches: the orders that fit are reserved in stream
@@ -143,7 +116,7 @@ func dump(t *testing.T, pool *pgxpool.Pool, query string) [][]any {
 // its batch.
 func TestOrdersCompetingForStockAreDecidedInStreamOrder(t *testing.T) {
 	t.Parallel()
-	eachMode(t, "", func(t *testing.T, mode func(*app.Config)) {
+	apptest.EachMode(t, "", func(t *testing.T, mode func(*app.Config)) {
 		svc := start(t, mode)
 		setStock(t, svc, "apple", 10)
 		setStock(t, svc, "pear", 100)

@@ -51,30 +51,7 @@ func batchedConcurrent(cfg *app.Config) {
 // batchedPerEvent is batchedConcurrent without the batch handler.
 func batchedPerEvent(cfg *app.Config) {
 	batchedConcurrent(cfg)
-	perEvent(cfg)
-}
-
-// perEvent makes batched consumers run every event of a batch under its own
-// handler instead of the set-based batch handler.
-func perEvent(cfg *app.Config) { cfg.ConsumerSetBased = false }
-
-// eachMode runs f as two parallel subtests of name: with the PaymentDebited
-// batch handler (the default), and with every event of a batch under its
-// own handler, the reference the batch handler must equal.
-func eachMode(t *testing.T, name string, f func(t *testing.T, mode func(*app.Config))) {
-	t.Helper()
-	for _, m := range []struct {
-		name      string
-		configure func(*app.Config)
-	}{
-		{"set-based", func(*app.Config) {}},
-		{"per-event", perEvent},
-	} {
-		t.Run(strings.TrimPrefix(name+"/"+m.name, "/"), func(t *testing.T) {
-			t.Parallel()
-			f(t, m.configure)
-		})
-	}
+	apptest.PerEvent(cfg)
 }
 
 func setStock(t *testing.T, svc *apptest.Service, sku string, available int64) {
@@ -306,7 +283,7 @@ func TestPaymentDebitedReservesAllLinesOrNone(t *testing.T) {
 		},
 	}
 	for _, tt := range tests {
-		eachMode(t, tt.name, func(t *testing.T, mode func(*app.Config)) {
+		apptest.EachMode(t, tt.name, func(t *testing.T, mode func(*app.Config)) {
 			svc := start(t, mode)
 			for sku, n := range tt.stock {
 				setStock(t, svc, sku, n)
@@ -360,7 +337,7 @@ func TestDuplicatePaymentDebitedTakesEffectOnce(t *testing.T) {
 		{"rejected", []event.OrderLine{line("apple", 11)}, event.StockRejected, 10},
 	}
 	for _, tt := range tests {
-		eachMode(t, tt.name, func(t *testing.T, mode func(*app.Config)) {
+		apptest.EachMode(t, tt.name, func(t *testing.T, mode func(*app.Config)) {
 			svc := start(t, mode)
 			setStock(t, svc, "apple", 10)
 			outcomes := svc.Watch(t, streams.Inventory, "inventory.>")
@@ -381,7 +358,7 @@ func TestDuplicatePaymentDebitedTakesEffectOnce(t *testing.T) {
 
 func TestSecondPaymentDebitedForAnOrderChangesNothing(t *testing.T) {
 	t.Parallel()
-	eachMode(t, "after a reservation", func(t *testing.T, mode func(*app.Config)) {
+	apptest.EachMode(t, "after a reservation", func(t *testing.T, mode func(*app.Config)) {
 		svc := start(t, mode)
 		setStock(t, svc, "apple", 10)
 		first := paymentDebited(t, line("apple", 4))
@@ -395,7 +372,7 @@ func TestSecondPaymentDebitedForAnOrderChangesNothing(t *testing.T) {
 		require.Equal(t, int64(6), available(t, svc, "apple"), "the order's reservation is not taken twice")
 		require.Equal(t, map[event.Type]int{event.StockReserved: 1}, emitted(t, svc))
 	})
-	eachMode(t, "after a rejection", func(t *testing.T, mode func(*app.Config)) {
+	apptest.EachMode(t, "after a rejection", func(t *testing.T, mode func(*app.Config)) {
 		svc := start(t, mode)
 		first := paymentDebited(t, line("apple", 4))
 		svc.Publish(t, first)
@@ -511,7 +488,7 @@ func TestOverlappingOrdersDoNotDeadlock(t *testing.T) {
 
 func TestInvalidPaymentDebitedIsDeadLettered(t *testing.T) {
 	t.Parallel()
-	eachMode(t, "", func(t *testing.T, mode func(*app.Config)) {
+	apptest.EachMode(t, "", func(t *testing.T, mode func(*app.Config)) {
 		svc := start(t, mode)
 		setStock(t, svc, "apple", 10)
 		// A PaymentDebited whose amount does not match its lines can never be

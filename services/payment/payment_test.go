@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -24,25 +23,6 @@ func start(t *testing.T, configure ...func(*app.Config)) *apptest.Service {
 	return apptest.Start(t, payment.Name, func(ctx context.Context, cfg app.Config, l *slog.Logger) error {
 		return payment.Run(ctx, payment.Config{Config: cfg}, l)
 	}, configure...)
-}
-
-// eachMode runs f as two parallel subtests of name: with the OrderPlaced
-// batch handler (the default), and with every event of a batch under its own
-// handler, the reference the batch handler must equal.
-func eachMode(t *testing.T, name string, f func(t *testing.T, mode func(*app.Config))) {
-	t.Helper()
-	for _, m := range []struct {
-		name      string
-		configure func(*app.Config)
-	}{
-		{"set-based", func(*app.Config) {}},
-		{"per-event", func(cfg *app.Config) { cfg.ConsumerSetBased = false }},
-	} {
-		t.Run(strings.TrimPrefix(name+"/"+m.name, "/"), func(t *testing.T) {
-			t.Parallel()
-			f(t, m.configure)
-		})
-	}
 }
 
 func credit(t *testing.T, svc *apptest.Service, customer string, cents int64) {
@@ -99,7 +79,7 @@ func TestOrderPlacedDebitsOnceOrRejects(t *testing.T) {
 		{"never credited", 0, 1, 3, event.PaymentRejected, 0},
 	}
 	for _, tt := range tests {
-		eachMode(t, tt.name, func(t *testing.T, mode func(*app.Config)) {
+		apptest.EachMode(t, tt.name, func(t *testing.T, mode func(*app.Config)) {
 			svc := start(t, mode)
 			if tt.credit > 0 {
 				credit(t, svc, "alice", tt.credit)
@@ -123,7 +103,7 @@ func TestOrderPlacedDebitsOnceOrRejects(t *testing.T) {
 
 func TestConcurrentDuplicatesDebitOnce(t *testing.T) {
 	t.Parallel()
-	eachMode(t, "", func(t *testing.T, mode func(*app.Config)) {
+	apptest.EachMode(t, "", func(t *testing.T, mode func(*app.Config)) {
 		svc := start(t, mode)
 		credit(t, svc, "bob", 1000)
 		ev := orderPlaced(t, "bob", 400)
@@ -139,7 +119,7 @@ func TestConcurrentDuplicatesDebitOnce(t *testing.T) {
 
 func TestStockRejectedRefundsOnce(t *testing.T) {
 	t.Parallel()
-	eachMode(t, "", func(t *testing.T, mode func(*app.Config)) {
+	apptest.EachMode(t, "", func(t *testing.T, mode func(*app.Config)) {
 		svc := start(t, mode)
 		credit(t, svc, "carol", 1000)
 		refunds := svc.Watch(t, streams.Payments, "payments.refunded.v1")
@@ -164,7 +144,7 @@ func TestStockRejectedRefundsOnce(t *testing.T) {
 
 func TestStockRejectedForRejectedPaymentRefundsNothing(t *testing.T) {
 	t.Parallel()
-	eachMode(t, "", func(t *testing.T, mode func(*app.Config)) {
+	apptest.EachMode(t, "", func(t *testing.T, mode func(*app.Config)) {
 		svc := start(t, mode)
 		credit(t, svc, "dave", 10)
 		placed := orderPlaced(t, "dave", 500)
