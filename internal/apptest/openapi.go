@@ -52,4 +52,21 @@ func (s *Service) RequireOpenAPI(t *testing.T, routes func(*echo.Echo)) {
 	slices.Sort(documented)
 	slices.Sort(served)
 	require.Equal(t, served, slices.Compact(documented), "documented routes differ from served routes")
+
+	// And the running service answers them: the shared routes with 200, the
+	// others that need no path parameter with anything but 404 or 405.
+	for _, route := range served {
+		method, path, _ := strings.Cut(route, " ")
+		if method != http.MethodGet || strings.Contains(path, "{") {
+			continue
+		}
+		resp, err := http.Get(s.BaseURL + path)
+		require.NoError(t, err)
+		resp.Body.Close()
+		if slices.Contains(sharedRoutes, route) {
+			require.Equal(t, http.StatusOK, resp.StatusCode, route)
+		} else {
+			require.NotContains(t, []int{http.StatusNotFound, http.StatusMethodNotAllowed}, resp.StatusCode, route)
+		}
+	}
 }

@@ -86,7 +86,7 @@ func commands() []command {
 		command{
 			name:    "dev",
 			usage:   "[--seed] [--data-dir DIR] [--durable] [--nats-sync always|interval] [--host HOST] [--http-port N] [--nats-port N] [--pg-port N]",
-			summary: "run all four services in one process on embedded NATS and a throwaway PostgreSQL",
+			summary: "run every service in one process on embedded NATS and a throwaway PostgreSQL",
 			run:     runDev,
 		},
 		command{

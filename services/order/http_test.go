@@ -6,14 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 
-	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
@@ -308,45 +306,5 @@ func TestBadInputWritesNothing(t *testing.T) {
 // OpenAPI 3 and describes exactly the routes the service has.
 func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
 	t.Parallel()
-	svc := start(t)
-
-	resp, err := http.Get(svc.BaseURL + "/openapi.yaml")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-
-	doc, err := openapi3.NewLoader().LoadFromData(raw)
-	require.NoError(t, err)
-	require.NoError(t, doc.Validate(t.Context()))
-	var documented []string
-	for path, item := range doc.Paths.Map() {
-		for method := range item.Operations() {
-			documented = append(documented, method+" "+path)
-		}
-	}
-
-	// The service's own routes, as registered, plus the ones every service
-	// shares, which must answer on the running service.
-	e := httpapi.New(slog.New(slog.DiscardHandler))
-	order.New(nil).Routes(e)
-	var routes []string
-	for _, r := range e.Routes() {
-		path := r.Path
-		for _, seg := range strings.Split(r.Path, "/") {
-			if name, ok := strings.CutPrefix(seg, ":"); ok {
-				path = strings.Replace(path, seg, "{"+name+"}", 1)
-			}
-		}
-		routes = append(routes, r.Method+" "+path)
-	}
-	for _, shared := range []string{"/healthz", "/readyz", "/metrics"} {
-		resp, err := http.Get(svc.BaseURL + shared)
-		require.NoError(t, err)
-		resp.Body.Close()
-		require.Equal(t, http.StatusOK, resp.StatusCode, shared)
-		routes = append(routes, http.MethodGet+" "+shared)
-	}
-	require.ElementsMatch(t, routes, documented)
+	start(t).RequireOpenAPI(t, order.New(nil).Routes)
 }
