@@ -28,7 +28,7 @@ type Config struct {
 
 	// ConsumerSetBased lets batched consumers use their subscription's
 	// set-based batch handler, where it has one; off, every event of a batch
-	// runs its own handler under a savepoint (the reference path).
+	// runs its own handler in turn (the reference path).
 	ConsumerSetBased bool `env:"CONSUMER_SET_BASED" envDefault:"true"`
 
 	OutboxBatchSize    int           `env:"OUTBOX_BATCH_SIZE" envDefault:"256"`

@@ -85,7 +85,7 @@ func commands() []command {
 	return append(cmds,
 		command{
 			name:    "dev",
-			usage:   "[--seed] [--data-dir DIR] [--durable] [--nats-sync always|interval] [--host HOST] [--http-port N] [--nats-port N] [--pg-port N]",
+			usage:   "[--seed] [--data-dir DIR] [--durable] [--nats-sync always|interval] [--host HOST] [--http-port N] [--nats-port N] [--pg-port N] [--pprof ADDR]",
 			summary: "run every service in one process on embedded NATS and a throwaway PostgreSQL",
 			run:     runDev,
 		},

@@ -5,6 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -52,6 +56,7 @@ as 'onceflow <service>' does.`)
 	httpPort := fs.Int("http-port", defaults.Order, "`port` of the order API; payment, inventory, notify and any added service take the next ones (0: free ports)")
 	natsPort := fs.Int("nats-port", defaults.NATS, "`port` of the NATS server (0: a free port)")
 	pgPort := fs.Int("pg-port", defaults.Postgres, "`port` of the local PostgreSQL cluster (0: a free port)")
+	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on `ADDR` (e.g. 127.0.0.1:6060), to profile the services under load")
 	if err := parse(fs, args, inv.stdout); err != nil {
 		return helped(err)
 	}
@@ -88,6 +93,13 @@ as 'onceflow <service>' does.`)
 	if *httpPort != 0 {
 		cfg.Ports.Order, cfg.Ports.Payment, cfg.Ports.Inventory, cfg.Ports.Notify = *httpPort, *httpPort+1, *httpPort+2, *httpPort+3
 	}
+	if *pprofAddr != "" {
+		stop, err := servePprof(*pprofAddr, inv.logger)
+		if err != nil {
+			return fmt.Errorf("dev: %w", err)
+		}
+		defer stop()
+	}
 	e, err := dev.Start(ctx, cfg, inv.logger)
 	if err != nil {
 		return fmt.Errorf("dev: %w", err)
@@ -113,6 +125,29 @@ as 'onceflow <service>' does.`)
 		fmt.Fprintln(inv.stdout, "Stopped; its data is kept.")
 	}
 	return nil
+}
+
+// servePprof serves the runtime profiles on addr until stop is called. The
+// handlers are on a mux of their own, never on a service's API.
+func servePprof(addr string, logger *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("pprof listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Warn("pprof server", "err", err)
+		}
+	}()
+	logger.Info("pprof serving", "url", "http://"+ln.Addr().String()+"/debug/pprof/")
+	return func() { _ = srv.Close() }, nil
 }
 
 // stopDev stops e, bounded by devStopTimeout even when ctx has ended.

@@ -73,10 +73,12 @@ func NewStore(pool *pgxpool.Pool, waitInFlight time.Duration) *Store {
 // in time. When fn returns an error, nothing is stored.
 func (s *Store) Do(ctx context.Context, req Request, fn func(ctx context.Context, tx pgx.Tx) (Response, error)) (resp Response, replayed bool, err error) {
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := s.queries.SetLockTimeout(ctx, tx, fmt.Sprintf("%dms", s.waitInFlight.Milliseconds())); err != nil {
-			return fmt.Errorf("set lock timeout: %w", err)
-		}
-		_, err := s.queries.ClaimKey(ctx, tx, dbsqlc.ClaimKeyParams{Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint})
+		_, err := s.queries.ClaimKey(ctx, tx, dbsqlc.ClaimKeyParams{
+			Scope:       req.Scope,
+			Key:         req.Key,
+			Fingerprint: req.Fingerprint,
+			LockTimeout: fmt.Sprintf("%dms", s.waitInFlight.Milliseconds()),
+		})
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			resp, err = s.stored(ctx, tx, req)

@@ -27,13 +27,14 @@
 //
 // With Config.Batched, a fetched batch shares one transaction and one claim
 // statement, and one failure undoes only that event's writes and claim: the
-// handlers run in turn under one savepoint taken after the claim; when one
-// fails, the transaction rolls back to it, releases that event's claim, and
-// runs the others again. (A savepoint per event would cost two more round
-// trips per event.) A Config.BatchHandler instead receives all the new
-// events of the batch at once, for set-based statements; if it fails, its
-// writes are rolled back to the savepoint and each event runs its handler
-// under a savepoint of its own.
+// handlers run in turn right after the claim; when one fails, the
+// transaction is rolled back and the batch runs again in a new one without
+// the failed event. (Savepoints would cost two round trips each, on every
+// batch, to save work only on the rare batch that fails.) A
+// Config.BatchHandler instead receives all the new events of the batch at
+// once, for set-based statements; if it fails, the transaction is rolled
+// back and the batch runs again with the Handler for each event. The next
+// batch is fetched while one is processed.
 //
 // Limits: the guarantee covers what the handler writes through its
 // transaction; an external side effect needs its own outbox. A message

@@ -53,13 +53,13 @@ func isPermanent(err error) bool {
 	return errors.Is(err, ErrPermanent) || errors.Is(err, event.ErrInvalid)
 }
 
-// Handler applies one event's effect. It runs inside the inbox transaction
-// (in batched mode, under a savepoint of it), after the event was claimed,
-// and must write through tx only; it never commits or rolls back tx itself.
-// An error rolls back its writes; wrap it with Permanent if a retry cannot
-// succeed. In batched mode, when another event of the batch fails, a
-// handler that succeeded may see its writes rolled back and be called again
-// for the same event in the same transaction.
+// Handler applies one event's effect. It runs inside the inbox transaction,
+// after the event was claimed, and must write through tx only; it never
+// commits or rolls back tx itself. An error rolls back the transaction;
+// wrap it with Permanent if a retry cannot succeed. In batched mode, when
+// another event of the batch fails, a handler that succeeded sees its
+// writes rolled back and is called again for the same event in a new
+// transaction.
 type Handler func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
 
 // BatchHandler is the optional set-based form of a Handler: it applies the
@@ -67,9 +67,9 @@ type Handler func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
 // unnest(…) instead of one UPDATE per event), inside the inbox transaction,
 // after the batch's events were claimed. It receives them in fetch order and
 // must leave the database exactly as the Handler would, called for each
-// event in that order. It writes through tx only. An error rolls back its
-// writes (but not the claims) and the consumer falls back to the Handler
-// for each event under a savepoint, so that one bad event fails only itself.
+// event in that order. It writes through tx only. An error rolls back the
+// transaction and the consumer runs the batch again with the Handler for
+// each event, so that one bad event fails only itself.
 type BatchHandler func(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error
 
 // Config configures a Consumer. Zero values take the defaults.
@@ -220,32 +220,45 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return err
 }
 
-// fetchLoop fetches batches until ctx is done. It returns an error only when
-// the NATS connection is closed for good.
+// fetchLoop fetches and processes batches until ctx is done. It returns an
+// error only when the NATS connection is closed for good.
+//
+// The next batch is fetched while the current one is processed, so that the
+// broker's round trip overlaps the database's instead of adding to it: at
+// most two batches are in hand, one being processed and one waiting.
 func (c *Consumer) fetchLoop(ctx context.Context, cons jetstream.Consumer) error {
+	batches := make(chan []jetstream.Msg)
+	var fetchErr error // written before batches is closed
+	go func() {
+		defer close(batches)
+		for ctx.Err() == nil {
+			msgs, err := c.fetch(cons)
+			if err != nil {
+				if errors.Is(err, nats.ErrConnectionClosed) {
+					fetchErr = fmt.Errorf("fetch from %s: %w", c.cfg.Durable, err)
+					return
+				}
+				c.logger.WarnContext(ctx, "fetch failed", "err", err)
+				sleep(ctx, c.cfg.FetchWait)
+			}
+			if len(msgs) > 0 {
+				batches <- msgs // the loop below takes every batch until the channel is closed
+			}
+		}
+	}()
 	// Messages already fetched are processed to the end: their handlers must
 	// not see the cancellation, or a graceful stop would become a crash.
 	work := context.WithoutCancel(ctx)
-	for ctx.Err() == nil {
-		msgs, err := c.fetch(cons)
-		if err != nil {
-			if errors.Is(err, nats.ErrConnectionClosed) {
-				return fmt.Errorf("fetch from %s: %w", c.cfg.Durable, err)
-			}
-			c.logger.WarnContext(ctx, "fetch failed", "err", err)
-			sleep(ctx, c.cfg.FetchWait)
-		}
-		switch {
-		case len(msgs) == 0:
-		case c.cfg.Batched:
+	for msgs := range batches {
+		if c.cfg.Batched {
 			c.processBatch(work, msgs)
-		default:
-			for _, msg := range msgs {
-				c.processMsg(work, msg)
-			}
+			continue
+		}
+		for _, msg := range msgs {
+			c.processMsg(work, msg)
 		}
 	}
-	return nil
+	return fetchErr
 }
 
 // fetch returns up to BatchSize messages as soon as at least one is there.

@@ -134,8 +134,8 @@ func (c *Consumer) processTx(ctx context.Context, d *delivery) {
 	d.outcome = processed
 }
 
-// processBatch processes a fetched batch in one transaction and settles each
-// of its messages.
+// processBatch processes a fetched batch, in one transaction when no handler
+// fails, and settles each of its messages.
 func (c *Consumer) processBatch(ctx context.Context, msgs []jetstream.Msg) {
 	ds := make([]*delivery, 0, len(msgs))
 	for _, msg := range msgs {
@@ -147,37 +147,73 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []jetstream.Msg) {
 		return
 	}
 	// The same event twice in one batch (a publish that bypassed the
-	// broker's dedup) is claimed once; the later copies are duplicates.
+	// broker's dedup) is claimed once; the later copies are duplicates,
+	// settled with the first: none of them is acked uncommitted.
 	unique := make([]*delivery, 0, len(ds))
-	seen := make(map[uuid.UUID]bool, len(ds))
+	firsts := make(map[uuid.UUID]*delivery, len(ds))
+	copies := make(map[*delivery]*delivery) // second copy → first
 	for _, d := range ds {
-		if seen[d.ev.ID] {
-			d.outcome = duplicate
+		if f, ok := firsts[d.ev.ID]; ok {
+			copies[d] = f
 			continue
 		}
-		seen[d.ev.ID] = true
+		firsts[d.ev.ID] = d
 		unique = append(unique, d)
 	}
-	if err := c.processBatchTx(ctx, unique); err != nil {
-		// Nothing of the batch was committed, so every message is retried,
-		// the duplicates with the rest: none of them is acked uncommitted.
-		for _, d := range ds {
-			d.fail(err)
-		}
-	}
+	c.runBatch(ctx, unique)
 	for _, d := range ds {
+		if f, ok := copies[d]; ok {
+			d.outcome, d.err = duplicate, nil
+			if f.outcome == failed {
+				// Not acked before its original is committed.
+				d.fail(f.err)
+			}
+		}
 		c.settle(ctx, d)
 	}
 }
 
-// processBatchTx claims the events of ds with one statement, runs the
-// handlers for the new ones in fetch order (see handleFresh) and commits. It
-// returns an error when the transaction as a whole failed.
-func (c *Consumer) processBatchTx(ctx context.Context, ds []*delivery) (err error) {
+// runBatch commits the new events of ds, claimed and handled in one
+// transaction when every handler succeeds. A batch takes no savepoints,
+// which would cost two round trips each: when a handler fails, the
+// transaction is rolled back and the batch run again in a new one, without
+// the failed event, or with the per-event handler when the batch handler
+// failed. So a failure undoes only its own event, at the cost of running
+// the events before it again. It records every delivery's outcome.
+func (c *Consumer) runBatch(ctx context.Context, ds []*delivery) {
+	setBased := c.cfg.BatchHandler != nil
+	for len(ds) > 0 {
+		failed, herr, err := c.batchTx(ctx, ds, setBased)
+		switch {
+		case err != nil:
+			// Nothing of the batch was committed: every message is retried.
+			for _, d := range ds {
+				d.fail(err)
+			}
+			return
+		case herr == nil:
+			return
+		case failed < 0:
+			c.logger.WarnContext(ctx, "batch handler failed; processing the batch event by event", "events", len(ds), "err", herr)
+			setBased = false
+		default:
+			ds[failed].fail(fmt.Errorf("handler: %w", herr))
+			ds = slices.Delete(slices.Clone(ds), failed, failed+1)
+		}
+	}
+}
+
+// batchTx claims the events of ds with one statement, runs the handlers for
+// the new ones in fetch order — the batch handler when setBased — and
+// commits, recording each delivery's outcome. When a handler fails it rolls
+// back and returns the failed event's index in ds (-1 for the batch
+// handler) and the handler's error; err is the failure of the transaction
+// as a whole.
+func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (failed int, herr, err error) {
 	defer c.startTx(len(ds)).done(&err)
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("begin: %w", err)
+		return 0, nil, fmt.Errorf("begin: %w", err)
 	}
 	defer c.rollback(ctx, tx)
 
@@ -202,155 +238,46 @@ func (c *Consumer) processBatchTx(ctx context.Context, ds []*delivery) (err erro
 	}
 	claimed, err := c.queries.ClaimEvents(ctx, tx, claim)
 	if err != nil {
-		return fmt.Errorf("claim: %w", err)
+		return 0, nil, fmt.Errorf("claim: %w", err)
 	}
 	isNew := make(map[uuid.UUID]bool, len(claimed))
 	for _, id := range claimed {
 		isNew[id] = true
 	}
 
-	fresh := make([]*delivery, 0, len(claimed))
+	fresh := make([]event.Envelope, 0, len(claimed))
 	for _, d := range ds {
-		if !isNew[d.ev.ID] {
-			d.outcome = duplicate
-			continue
+		if isNew[d.ev.ID] {
+			fresh = append(fresh, d.ev)
 		}
-		fresh = append(fresh, d)
 	}
-	if err := c.handleFresh(ctx, tx, fresh); err != nil {
-		return err
+	if len(fresh) > 0 {
+		if setBased {
+			if herr := c.cfg.BatchHandler(ctx, tx, fresh); herr != nil {
+				return -1, herr, nil
+			}
+		} else {
+			for i, d := range ds {
+				if !isNew[d.ev.ID] {
+					continue
+				}
+				if herr := c.handler(ctx, tx, d.ev); herr != nil {
+					return i, herr, nil
+				}
+			}
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	return nil
-}
-
-// handleFresh runs the handlers for the new events of a batch: the batch
-// handler if there is one, falling back to a savepoint per event when it
-// fails, else the handler for each in turn.
-func (c *Consumer) handleFresh(ctx context.Context, tx pgx.Tx, ds []*delivery) error {
-	if len(ds) == 0 {
-		return nil
-	}
-	if c.cfg.BatchHandler == nil {
-		return c.handleInTurn(ctx, tx, ds)
-	}
-	handled, err := c.handleBatch(ctx, tx, ds)
-	if err != nil || handled {
-		return err
+		return 0, nil, fmt.Errorf("commit: %w", err)
 	}
 	for _, d := range ds {
-		if err := c.handleUnderSavepoint(ctx, tx, d); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// handleBatch runs the batch handler for the new events ds under one
-// savepoint, taken right after the claim. It reports whether the handler
-// succeeded. When it fails, rolling back to the savepoint undoes its writes
-// and keeps every claim, and the caller falls back to one savepoint per
-// event, which settles each claim on its own: one bad event cannot fail the
-// others. It returns an error only when the transaction itself is broken.
-func (c *Consumer) handleBatch(ctx context.Context, tx pgx.Tx, ds []*delivery) (bool, error) {
-	sp, err := tx.Begin(ctx)
-	if err != nil {
-		return false, fmt.Errorf("savepoint: %w", err)
-	}
-	evs := make([]event.Envelope, len(ds))
-	for i, d := range ds {
-		evs[i] = d.ev
-	}
-	herr := c.cfg.BatchHandler(ctx, sp, evs)
-	if herr == nil {
-		if err := sp.Commit(ctx); err != nil {
-			return false, fmt.Errorf("release savepoint: %w", err)
-		}
-		for _, d := range ds {
+		if isNew[d.ev.ID] {
 			d.outcome = processed
+		} else {
+			d.outcome = duplicate
 		}
-		return true, nil
 	}
-	if err := sp.Rollback(ctx); err != nil {
-		return false, fmt.Errorf("roll back to savepoint: %w", err)
-	}
-	c.logger.WarnContext(ctx, "batch handler failed; processing the batch event by event", "events", len(ds), "err", herr)
-	return false, nil
-}
-
-// handleInTurn runs the handler for each of ds in turn under one savepoint,
-// which saves the two round trips per event of a savepoint each. When one
-// fails, the savepoint is rolled back, that event's claim released and its
-// failure recorded, and the others are run again under a new savepoint. So
-// each failure undoes only its own event, as a savepoint per event would, at
-// the cost of running the events before it twice. It returns an error only
-// when the transaction itself is broken.
-func (c *Consumer) handleInTurn(ctx context.Context, tx pgx.Tx, ds []*delivery) error {
-	for len(ds) > 0 {
-		sp, err := tx.Begin(ctx)
-		if err != nil {
-			return fmt.Errorf("savepoint: %w", err)
-		}
-		failed, herr := -1, error(nil)
-		for i, d := range ds {
-			if herr = c.handler(ctx, sp, d.ev); herr != nil {
-				failed = i
-				break
-			}
-		}
-		if herr == nil {
-			if err := sp.Commit(ctx); err != nil {
-				return fmt.Errorf("release savepoint: %w", err)
-			}
-			for _, d := range ds {
-				d.outcome = processed
-			}
-			return nil
-		}
-		if err := sp.Rollback(ctx); err != nil {
-			return fmt.Errorf("roll back to savepoint: %w", err)
-		}
-		d := ds[failed]
-		// The claim was taken before the savepoint; left in place, the
-		// commit would mark the event processed and its redelivery would be
-		// dropped.
-		if err := c.queries.UnclaimEvent(ctx, tx, dbsqlc.UnclaimEventParams{Consumer: c.cfg.Durable, EventID: d.ev.ID}); err != nil {
-			return fmt.Errorf("unclaim %s: %w", d.ev.ID, err)
-		}
-		d.fail(fmt.Errorf("handler: %w", herr))
-		ds = slices.Delete(slices.Clone(ds), failed, failed+1)
-	}
-	return nil
-}
-
-// handleUnderSavepoint runs the handler for d under a savepoint, so that its
-// failure undoes its own writes only. It returns an error only when the
-// transaction itself is broken.
-func (c *Consumer) handleUnderSavepoint(ctx context.Context, tx pgx.Tx, d *delivery) error {
-	sp, err := tx.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("savepoint: %w", err)
-	}
-	herr := c.handler(ctx, sp, d.ev)
-	if herr == nil {
-		if err := sp.Commit(ctx); err != nil {
-			return fmt.Errorf("release savepoint: %w", err)
-		}
-		d.outcome = processed
-		return nil
-	}
-	if err := sp.Rollback(ctx); err != nil {
-		return fmt.Errorf("roll back to savepoint: %w", err)
-	}
-	// The claim was taken before the savepoint; left in place, the commit
-	// would mark the event processed and its redelivery would be dropped.
-	if err := c.queries.UnclaimEvent(ctx, tx, dbsqlc.UnclaimEventParams{Consumer: c.cfg.Durable, EventID: d.ev.ID}); err != nil {
-		return fmt.Errorf("unclaim %s: %w", d.ev.ID, err)
-	}
-	d.fail(fmt.Errorf("handler: %w", herr))
-	return nil
+	return 0, nil, nil
 }
 
 func (c *Consumer) rollback(ctx context.Context, tx pgx.Tx) {

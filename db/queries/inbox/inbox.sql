@@ -33,10 +33,3 @@ WHERE (consumer, event_id) IN (
     WHERE p.processed_at < @before
     LIMIT @max_rows
 );
-
--- name: UnclaimEvent :exec
--- Releases a claim that ClaimEvents took in this transaction when the
--- event's handler failed under its savepoint: without it the commit would
--- record the event as processed and its redelivery would be dropped.
-DELETE FROM processed_events
-WHERE consumer = @consumer AND event_id = @event_id;

@@ -118,21 +118,3 @@ func (q *Queries) DeleteProcessedBefore(ctx context.Context, db DBTX, arg Delete
 	}
 	return result.RowsAffected(), nil
 }
-
-const unclaimEvent = `-- name: UnclaimEvent :exec
-DELETE FROM processed_events
-WHERE consumer = $1 AND event_id = $2
-`
-
-type UnclaimEventParams struct {
-	Consumer string
-	EventID  uuid.UUID
-}
-
-// Releases a claim that ClaimEvents took in this transaction when the
-// event's handler failed under its savepoint: without it the commit would
-// record the event as processed and its redelivery would be dropped.
-func (q *Queries) UnclaimEvent(ctx context.Context, db DBTX, arg UnclaimEventParams) error {
-	_, err := db.Exec(ctx, unclaimEvent, arg.Consumer, arg.EventID)
-	return err
-}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# End to end: `onceflow dev` driven by `onceflow loadgen` over HTTP, once as
+# fast as the clients can (throughput) and once at a fixed rate (latency),
+# for each fsync setting, all in one run so that the figures compare.
+#
+#   bench/e2e.sh                          # both settings, 1 minute each
+#   SYNC=interval DURATION=20s bench/e2e.sh
+#
+# SYNC       fsync settings to run (default "interval durable"): interval is
+#            dev's default (PostgreSQL without fsync, JetStream's default
+#            sync interval); durable is `dev --durable` (PostgreSQL's
+#            defaults, JetStream sync_interval: always), the honest headline
+# DURATION   how long each loadgen run places orders (default 1m)
+# RATE       the fixed rate of the latency run (default 300/s)
+# OUT        where the JSON results and histograms go (default bench/e2e-out)
+# Extra environment (CONSUMER_WORKERS, …) reaches the services through dev.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+syncs=${SYNC:-interval durable}
+duration=${DURATION:-1m}
+rate=${RATE:-300/s}
+out=${OUT:-bench/e2e-out}
+mkdir -p "$out"
+bin=$(mktemp -d)/onceflow
+trap 'kill "${dev:-}" 2>/dev/null || true; wait 2>/dev/null || true' EXIT
+
+echo "hardware: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+go build -o "$bin" ./cmd/onceflow
+
+for sync in $syncs; do
+	# Fixed ports keep loadgen's defaults; 0 would need them passed on.
+	flags=(--http-port 18080 --nats-port 14222)
+	if [[ $sync == durable ]]; then
+		flags+=(--durable)
+	else
+		flags+=(--nats-sync interval)
+	fi
+	LOG_LEVEL=warn "$bin" dev "${flags[@]}" >"$out/dev-$sync.log" 2>&1 &
+	dev=$!
+	for _ in $(seq 120); do
+		"$bin" healthcheck http://127.0.0.1:18083/readyz >/dev/null 2>&1 && break
+		sleep 0.5
+	done
+	urls=(--order-url http://127.0.0.1:18080 --payment-url http://127.0.0.1:18081 --inventory-url http://127.0.0.1:18082)
+	for run in "max:0" "fixed:$rate"; do
+		name=${run%%:*} r=${run#*:}
+		echo
+		echo "== $sync, rate ${r/#0/as fast as possible}, $duration"
+		echo "   $bin loadgen --rate $r --duration $duration ${urls[*]}"
+		"$bin" loadgen --rate "$r" --duration "$duration" "${urls[@]}" \
+			--json "$out/$sync-$name.json" --histogram "$out/$sync-$name.svg" 2>/dev/null
+	done
+	kill -INT "$dev"
+	wait "$dev" || true
+	dev=
+done
