@@ -14,6 +14,7 @@ import (
 	"github.com/onceflow/onceflow/internal/inbox"
 	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/services/inventory"
+	"github.com/onceflow/onceflow/services/order"
 	"github.com/onceflow/onceflow/services/payment"
 )
 
@@ -97,6 +98,53 @@ func BenchmarkInventory(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkOrder is order's StockReserved handler through the batched inbox
+// consumer, for PAID orders created beforehand: lock the order, record the
+// event, confirm the order, enqueue OrderConfirmed and record it; per event
+// under savepoints, and set-based.
+func BenchmarkOrder(b *testing.B) {
+	for _, pg := range pgTargets(b) {
+		for _, m := range serviceModes {
+			b.Run(fmt.Sprintf("pg=%s/mode=%s", pg.name, m.name), func(b *testing.B) {
+				pool := pg.newDB(b, schemaOf(b, order.Name))
+				evs := reservedEvents(b, pool, b.N)
+				js := newJetStream(b)
+				provisionOrders(b, js, streams.Inventory, "inventory.>")
+				s := order.New(pool)
+				cfg := inbox.Config{Stream: streams.Inventory, Durable: benchConsumer, BatchSize: batchSize, Batched: true}
+				if m.setBased {
+					cfg.BatchHandler = s.HandleBatch
+				}
+				c := inbox.New(pool, js, cfg, s.HandleStockReserved, quiet)
+				measureConsumer(b, js, evs, c, func() int64 { return c.Stats().Processed })
+				requireOutcomes(b, pool, b.N)
+			})
+		}
+	}
+}
+
+// reservedEvents creates n PAID orders in pool and returns a StockReserved
+// event for each.
+func reservedEvents(b testing.TB, pool *pgxpool.Pool, n int) []event.Envelope {
+	b.Helper()
+	ids := make([]uuid.UUID, n)
+	evs := make([]event.Envelope, n)
+	for i := range evs {
+		ids[i] = uuid.Must(uuid.NewV7())
+		var err error
+		evs[i], err = event.New("inventory", event.StockReserved, ids[i].String(), event.StockReservedV1{
+			Order: event.Order{OrderID: ids[i], CustomerID: "c1", CustomerEmail: "c1@example.com"},
+			Lines: event.Lines{{SKU: "apple", Quantity: 1, UnitPriceCents: 100}},
+		})
+		require.NoError(b, err)
+	}
+	_, err := pool.Exec(context.Background(),
+		`INSERT INTO orders (id, customer_id, customer_email, status, total_cents)
+		 SELECT id, 'c1', 'c1@example.com', 'PAID', 100 FROM unnest($1::uuid[]) AS id`, ids)
+	require.NoError(b, err)
+	return evs
 }
 
 // requireOutcomes checks that the handler emitted one event per order.

@@ -29,9 +29,13 @@ var extras = map[string]map[string]string{
 	"notify": {
 		"mailer.go":      "the mailer that sends notify's own mail outbox over SMTP",
 		"mailer_test.go": "the mailer's tests",
+		"batch.go":       "the set-based form of its order milestone handler (inbox.BatchHandler), an optimisation",
+		"batch_test.go":  "its tests",
 	},
 	"order": {
 		"setup_test.go": "test helpers shared by order's several test files",
+		"batch.go":      "the set-based form of its handlers (inbox.BatchHandler), an optimisation",
+		"batch_test.go": "its tests",
 	},
 	"payment": {
 		"batch.go":      "the set-based form of its OrderPlaced handler (inbox.BatchHandler), an optimisation",

@@ -69,32 +69,6 @@ func (s *Service) handleInventoryEvent(ctx context.Context, tx pgx.Tx, ev event.
 	return inbox.Permanent(fmt.Errorf("unexpected event type %s on %s", ev.Type, streams.Inventory))
 }
 
-// lockingBatch turns a subscription's handler into the inbox's batch form:
-// it locks every order of the batch in id order first, then handles the
-// events one by one. Without it the two subscriptions' batches would lock
-// orders in event order and deadlock each other under load (PostgreSQL
-// breaks the cycle, but each deadlock costs a retry of the whole batch).
-func (s *Service) lockingBatch(h inbox.Handler) inbox.BatchHandler {
-	return func(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
-		ids := make([]uuid.UUID, 0, len(evs))
-		for _, ev := range evs {
-			// The subject is the order id; a bad one is refused by h.
-			if id, err := uuid.Parse(ev.Subject); err == nil {
-				ids = append(ids, id)
-			}
-		}
-		if err := s.queries.LockOrders(ctx, tx, ids); err != nil {
-			return fmt.Errorf("lock %d orders: %w", len(ids), err)
-		}
-		for _, ev := range evs {
-			if err := h(ctx, tx, ev); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-}
-
 // HandlePaymentDebited moves a PENDING order to PAID.
 func (s *Service) HandlePaymentDebited(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 	var p event.PaymentDebitedV1
@@ -212,6 +186,27 @@ func (s *Service) apply(ctx context.Context, tx pgx.Tx, ev event.Envelope, order
 // emitTerminal writes the event that announces the order's terminal status
 // to, caused by cause; for a status that is not terminal it does nothing.
 func (s *Service) emitTerminal(ctx context.Context, tx pgx.Tx, cause event.Envelope, o dbsqlc.Order, to, reason string) error {
+	if to == StatusCancelled {
+		var err error
+		if reason, err = s.cancelReason(ctx, tx, o.ID); err != nil {
+			return err
+		}
+	}
+	ev, ok, err := terminalEvent(cause, o, to, reason)
+	if err != nil || !ok {
+		return err
+	}
+	if err := outbox.Enqueue(ctx, tx, ev); err != nil {
+		return err
+	}
+	_, err = s.record(ctx, tx, o.ID, ev, reason)
+	return err
+}
+
+// terminalEvent is the event that announces the order's terminal status to,
+// caused by cause, with reason (a cancellation's is cancelReason's); ok is
+// false for a status that is not terminal.
+func terminalEvent(cause event.Envelope, o dbsqlc.Order, to, reason string) (ev event.Envelope, ok bool, err error) {
 	ord := event.Order{OrderID: o.ID, CustomerID: o.CustomerID, CustomerEmail: o.CustomerEmail}
 	var (
 		typ     event.Type
@@ -223,23 +218,15 @@ func (s *Service) emitTerminal(ctx context.Context, tx pgx.Tx, cause event.Envel
 	case StatusRejected:
 		typ, payload = event.OrderRejected, event.OrderRejectedV1{Order: ord, Reason: reason}
 	case StatusCancelled:
-		var err error
-		if reason, err = s.cancelReason(ctx, tx, o.ID); err != nil {
-			return err
-		}
 		typ, payload = event.OrderCancelled, event.OrderCancelledV1{Order: ord, Reason: reason}
 	default:
-		return nil
+		return event.Envelope{}, false, nil
 	}
-	ev, err := cause.Caused(Name, typ, payload)
+	ev, err = cause.Caused(Name, typ, payload)
 	if err != nil {
-		return err
+		return event.Envelope{}, false, err
 	}
-	if err := outbox.Enqueue(ctx, tx, ev); err != nil {
-		return err
-	}
-	_, err = s.record(ctx, tx, o.ID, ev, reason)
-	return err
+	return ev, true, nil
 }
 
 // cancelReason is why an order is cancelled: the reason of the StockRejected

@@ -17,8 +17,8 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		s := New(d.Pool)
 		return app.Spec{
 			Subscriptions: []app.Subscription{
-				{Stream: streams.Payments, Durable: streams.OrderPayments, Handler: s.handlePaymentEvent, BatchHandler: s.lockingBatch(s.handlePaymentEvent)},
-				{Stream: streams.Inventory, Durable: streams.OrderInventory, Handler: s.handleInventoryEvent, BatchHandler: s.lockingBatch(s.handleInventoryEvent)},
+				{Stream: streams.Payments, Durable: streams.OrderPayments, Handler: s.handlePaymentEvent, BatchHandler: s.batchHandler(paymentTypes)},
+				{Stream: streams.Inventory, Durable: streams.OrderInventory, Handler: s.handleInventoryEvent, BatchHandler: s.batchHandler(inventoryTypes)},
 			},
 			Routes: s.Routes,
 		}, nil

@@ -45,11 +45,20 @@ FROM order_lines
 WHERE order_id = ANY (@order_ids::uuid[])
 ORDER BY order_id, line_no;
 
--- name: LockOrders :exec
--- Locks the orders among ids in id order: a batch that touches several
--- orders takes their locks in the same order as any other batch.
-SELECT id
+-- name: LockOrders :many
+-- The orders among ids, locked in id order: a batch that touches several
+-- orders takes their locks in the same order as any other batch, so that
+-- the two subscriptions' batches cannot deadlock each other.
+SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
 FROM orders
 WHERE id = ANY (@ids::uuid[])
 ORDER BY id
 FOR UPDATE;
+
+-- name: SetOrderStatuses :exec
+-- Sets the status of ids[i] to statuses[i], as SetOrderStatus does for one
+-- order; the caller locked the orders.
+UPDATE orders
+SET status = u.status, updated_at = now()
+FROM (SELECT unnest(@ids::uuid[]) AS id, unnest(@statuses::text[]) AS status) AS u
+WHERE orders.id = u.id;

@@ -200,19 +200,43 @@ func (q *Queries) LockOrder(ctx context.Context, db DBTX, id uuid.UUID) (Order, 
 	return i, err
 }
 
-const lockOrders = `-- name: LockOrders :exec
-SELECT id
+const lockOrders = `-- name: LockOrders :many
+SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
 FROM orders
 WHERE id = ANY ($1::uuid[])
 ORDER BY id
 FOR UPDATE
 `
 
-// Locks the orders among ids in id order: a batch that touches several
-// orders takes their locks in the same order as any other batch.
-func (q *Queries) LockOrders(ctx context.Context, db DBTX, ids []uuid.UUID) error {
-	_, err := db.Exec(ctx, lockOrders, ids)
-	return err
+// The orders among ids, locked in id order: a batch that touches several
+// orders takes their locks in the same order as any other batch, so that
+// the two subscriptions' batches cannot deadlock each other.
+func (q *Queries) LockOrders(ctx context.Context, db DBTX, ids []uuid.UUID) ([]Order, error) {
+	rows, err := db.Query(ctx, lockOrders, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Order{}
+	for rows.Next() {
+		var i Order
+		if err := rows.Scan(
+			&i.ID,
+			&i.CustomerID,
+			&i.CustomerEmail,
+			&i.Status,
+			&i.TotalCents,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const setOrderStatus = `-- name: SetOrderStatus :exec
@@ -228,5 +252,24 @@ type SetOrderStatusParams struct {
 
 func (q *Queries) SetOrderStatus(ctx context.Context, db DBTX, arg SetOrderStatusParams) error {
 	_, err := db.Exec(ctx, setOrderStatus, arg.Status, arg.ID)
+	return err
+}
+
+const setOrderStatuses = `-- name: SetOrderStatuses :exec
+UPDATE orders
+SET status = u.status, updated_at = now()
+FROM (SELECT unnest($1::uuid[]) AS id, unnest($2::text[]) AS status) AS u
+WHERE orders.id = u.id
+`
+
+type SetOrderStatusesParams struct {
+	Ids      []uuid.UUID
+	Statuses []string
+}
+
+// Sets the status of ids[i] to statuses[i], as SetOrderStatus does for one
+// order; the caller locked the orders.
+func (q *Queries) SetOrderStatuses(ctx context.Context, db DBTX, arg SetOrderStatusesParams) error {
+	_, err := db.Exec(ctx, setOrderStatuses, arg.Ids, arg.Statuses)
 	return err
 }

@@ -73,6 +73,46 @@ func (q *Queries) ListTimeline(ctx context.Context, db DBTX, orderIds []uuid.UUI
 	return items, nil
 }
 
+const listTimelineReasons = `-- name: ListTimelineReasons :many
+SELECT order_id, event_id, reason
+FROM order_timeline
+WHERE order_id = ANY ($1::uuid[]) AND event_type = $2
+ORDER BY order_id, at, event_id
+`
+
+type ListTimelineReasonsParams struct {
+	OrderIds  []uuid.UUID
+	EventType string
+}
+
+type ListTimelineReasonsRow struct {
+	OrderID uuid.UUID
+	EventID uuid.UUID
+	Reason  string
+}
+
+// The reasons of the orders' events of one type, per order in the order
+// FirstTimelineReason reads them: the first row of an order is its answer.
+func (q *Queries) ListTimelineReasons(ctx context.Context, db DBTX, arg ListTimelineReasonsParams) ([]ListTimelineReasonsRow, error) {
+	rows, err := db.Query(ctx, listTimelineReasons, arg.OrderIds, arg.EventType)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ListTimelineReasonsRow{}
+	for rows.Next() {
+		var i ListTimelineReasonsRow
+		if err := rows.Scan(&i.OrderID, &i.EventID, &i.Reason); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const recordTimeline = `-- name: RecordTimeline :execrows
 INSERT INTO order_timeline (order_id, event_id, event_type, at, reason)
 VALUES ($1, $2, $3, $4, $5)
@@ -101,4 +141,58 @@ func (q *Queries) RecordTimeline(ctx context.Context, db DBTX, arg RecordTimelin
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const recordTimelines = `-- name: RecordTimelines :many
+INSERT INTO order_timeline (order_id, event_id, event_type, at, reason)
+SELECT
+    unnest($1::uuid[]),
+    unnest($2::uuid[]),
+    unnest($3::text[]),
+    unnest($4::timestamptz[]),
+    unnest($5::text[])
+ON CONFLICT (order_id, event_id) DO NOTHING
+RETURNING order_id, event_id
+`
+
+type RecordTimelinesParams struct {
+	OrderIds   []uuid.UUID
+	EventIds   []uuid.UUID
+	EventTypes []string
+	Ats        []time.Time
+	Reasons    []string
+}
+
+type RecordTimelinesRow struct {
+	OrderID uuid.UUID
+	EventID uuid.UUID
+}
+
+// Records several events in their orders' timelines with one statement, as
+// RecordTimeline does for one; the arrays are parallel. It returns the rows
+// that were new: an event missing from the result was seen before.
+func (q *Queries) RecordTimelines(ctx context.Context, db DBTX, arg RecordTimelinesParams) ([]RecordTimelinesRow, error) {
+	rows, err := db.Query(ctx, recordTimelines,
+		arg.OrderIds,
+		arg.EventIds,
+		arg.EventTypes,
+		arg.Ats,
+		arg.Reasons,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []RecordTimelinesRow{}
+	for rows.Next() {
+		var i RecordTimelinesRow
+		if err := rows.Scan(&i.OrderID, &i.EventID); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
