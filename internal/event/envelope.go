@@ -45,7 +45,9 @@ func New(source string, typ Type, subject string, payload any) (Envelope, error)
 		Type:    typ,
 		Source:  source,
 		Subject: subject,
-		Time:    time.Now().UTC(),
+		// PostgreSQL keeps microseconds: a time that is stored and read
+		// back compares equal.
+		Time: time.Now().UTC().Truncate(time.Microsecond),
 		Data:    data,
 	}
 	return env, env.Validate()

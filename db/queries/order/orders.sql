@@ -1,16 +1,20 @@
--- name: InsertOrder :one
-INSERT INTO orders (id, customer_id, customer_email, status, total_cents)
-VALUES (@id, @customer_id, @customer_email, 'PENDING', @total_cents)
-RETURNING id, customer_id, customer_email, status, total_cents, created_at, updated_at;
-
--- name: InsertOrderLines :exec
--- Writes the lines of one order in one statement; the arrays are parallel.
-INSERT INTO order_lines (order_id, line_no, sku, quantity, unit_price_cents)
-SELECT @order_id::uuid,
-    unnest(@line_nos::integer[]),
-    unnest(@skus::text[]),
-    unnest(@quantities::integer[]),
-    unnest(@unit_prices_cents::bigint[]);
+-- name: InsertOrderWithLines :one
+-- Writes a new order and its lines in one statement (one round trip); the
+-- line arrays are parallel.
+WITH new_order AS (
+    INSERT INTO orders (id, customer_id, customer_email, status, total_cents)
+    VALUES (@id, @customer_id, @customer_email, 'PENDING', @total_cents)
+    RETURNING id, customer_id, customer_email, status, total_cents, created_at, updated_at
+), new_lines AS (
+    INSERT INTO order_lines (order_id, line_no, sku, quantity, unit_price_cents)
+    SELECT @id,
+        unnest(@line_nos::integer[]),
+        unnest(@skus::text[]),
+        unnest(@quantities::integer[]),
+        unnest(@unit_prices_cents::bigint[])
+)
+SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
+FROM new_order;
 
 -- name: GetOrder :one
 SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at

@@ -7,6 +7,7 @@ package dbsqlc
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -32,27 +33,58 @@ func (q *Queries) GetOrder(ctx context.Context, db DBTX, id uuid.UUID) (Order, e
 	return i, err
 }
 
-const insertOrder = `-- name: InsertOrder :one
-INSERT INTO orders (id, customer_id, customer_email, status, total_cents)
-VALUES ($1, $2, $3, 'PENDING', $4)
-RETURNING id, customer_id, customer_email, status, total_cents, created_at, updated_at
+const insertOrderWithLines = `-- name: InsertOrderWithLines :one
+WITH new_order AS (
+    INSERT INTO orders (id, customer_id, customer_email, status, total_cents)
+    VALUES ($1, $2, $3, 'PENDING', $4)
+    RETURNING id, customer_id, customer_email, status, total_cents, created_at, updated_at
+), new_lines AS (
+    INSERT INTO order_lines (order_id, line_no, sku, quantity, unit_price_cents)
+    SELECT $1,
+        unnest($5::integer[]),
+        unnest($6::text[]),
+        unnest($7::integer[]),
+        unnest($8::bigint[])
+)
+SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
+FROM new_order
 `
 
-type InsertOrderParams struct {
+type InsertOrderWithLinesParams struct {
+	ID              uuid.UUID
+	CustomerID      string
+	CustomerEmail   string
+	TotalCents      int64
+	LineNos         []int32
+	Skus            []string
+	Quantities      []int32
+	UnitPricesCents []int64
+}
+
+type InsertOrderWithLinesRow struct {
 	ID            uuid.UUID
 	CustomerID    string
 	CustomerEmail string
+	Status        string
 	TotalCents    int64
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
 }
 
-func (q *Queries) InsertOrder(ctx context.Context, db DBTX, arg InsertOrderParams) (Order, error) {
-	row := db.QueryRow(ctx, insertOrder,
+// Writes a new order and its lines in one statement (one round trip); the
+// line arrays are parallel.
+func (q *Queries) InsertOrderWithLines(ctx context.Context, db DBTX, arg InsertOrderWithLinesParams) (InsertOrderWithLinesRow, error) {
+	row := db.QueryRow(ctx, insertOrderWithLines,
 		arg.ID,
 		arg.CustomerID,
 		arg.CustomerEmail,
 		arg.TotalCents,
+		arg.LineNos,
+		arg.Skus,
+		arg.Quantities,
+		arg.UnitPricesCents,
 	)
-	var i Order
+	var i InsertOrderWithLinesRow
 	err := row.Scan(
 		&i.ID,
 		&i.CustomerID,
@@ -63,35 +95,6 @@ func (q *Queries) InsertOrder(ctx context.Context, db DBTX, arg InsertOrderParam
 		&i.UpdatedAt,
 	)
 	return i, err
-}
-
-const insertOrderLines = `-- name: InsertOrderLines :exec
-INSERT INTO order_lines (order_id, line_no, sku, quantity, unit_price_cents)
-SELECT $1::uuid,
-    unnest($2::integer[]),
-    unnest($3::text[]),
-    unnest($4::integer[]),
-    unnest($5::bigint[])
-`
-
-type InsertOrderLinesParams struct {
-	OrderID         uuid.UUID
-	LineNos         []int32
-	Skus            []string
-	Quantities      []int32
-	UnitPricesCents []int64
-}
-
-// Writes the lines of one order in one statement; the arrays are parallel.
-func (q *Queries) InsertOrderLines(ctx context.Context, db DBTX, arg InsertOrderLinesParams) error {
-	_, err := db.Exec(ctx, insertOrderLines,
-		arg.OrderID,
-		arg.LineNos,
-		arg.Skus,
-		arg.Quantities,
-		arg.UnitPricesCents,
-	)
-	return err
 }
 
 const listCustomerOrders = `-- name: ListCustomerOrders :many
