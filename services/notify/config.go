@@ -27,6 +27,11 @@ type Config struct {
 	// MailerRetryBackoff is the wait after a first failed attempt, doubled
 	// after each further one (at most an hour).
 	MailerRetryBackoff time.Duration `env:"MAILER_RETRY_BACKOFF" envDefault:"10s"`
+	// MailerBatchSize is how many e-mails the mailer claims, sends and marks
+	// in one transaction; a crash can send the batch in hand twice.
+	MailerBatchSize int `env:"MAILER_BATCH_SIZE" envDefault:"64"`
+	// MailerConcurrency is how many e-mails of a batch are sent at once.
+	MailerConcurrency int `env:"MAILER_CONCURRENCY" envDefault:"8"`
 
 	// Sender, when set (by tests), replaces the SMTP or log sender.
 	Sender Sender `env:"-"`

@@ -5,9 +5,9 @@
 // ORDERS stream — and for each writes one row to the notifications table,
 // its own mail outbox, in the same transaction as the event's inbox row. A
 // Mailer then sends that outbox, over SMTP when SMTP_ADDR is set (Mailpit in
-// the compose demo) and to the log otherwise, and keeps each e-mail's state:
-// PENDING, SENT, or FAILED after MAILER_MAX_ATTEMPTS attempts with a
-// doubling backoff.
+// the compose demo) and to the log otherwise, a batch per transaction and a
+// few e-mails at once, and keeps each e-mail's state: PENDING, SENT, or
+// FAILED after MAILER_MAX_ATTEMPTS attempts with a doubling backoff.
 //
 // The recipient is the order's customer_email, or, for a customer without
 // one, "<customer_id>@example.invalid": the .invalid TLD is reserved by
@@ -24,6 +24,6 @@
 //     only after the server accepted it, in the transaction that claimed it.
 //     A crash between the server's acceptance and that commit sends the
 //     e-mail again, with the same Message-ID ("<event-id@onceflow>"), so the
-//     resend is recognisable downstream; one e-mail per transaction bounds
-//     this to the e-mail in hand.
+//     resend is recognisable downstream; one transaction per batch bounds
+//     this to the batch in hand (MAILER_BATCH_SIZE e-mails).
 package notify

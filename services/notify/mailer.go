@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"mime"
@@ -16,10 +15,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/onceflow/onceflow/services/notify/internal/dbsqlc"
 )
@@ -31,8 +30,10 @@ const (
 	defaultMaxAttempts  = 8
 	defaultRetryBackoff = 10 * time.Second
 	defaultSendTimeout  = 30 * time.Second
+	defaultBatchSize    = 64
+	defaultConcurrency  = 8
 	maxRetryBackoff     = time.Hour
-	// dbTimeout bounds the claim, mark and commit around one send.
+	// dbTimeout bounds the claim, and the marks and commit, of one batch.
 	dbTimeout = 10 * time.Second
 	// scrapeTimeout bounds the backlog query of a metrics scrape.
 	scrapeTimeout = 2 * time.Second
@@ -54,7 +55,8 @@ type Message struct {
 
 // Sender hands e-mails to whatever delivers them. Send may be called again
 // with a message it already delivered (after a crash); the Message-ID lets
-// the receiver recognise it.
+// the receiver recognise it. A Mailer calls Send from several goroutines at
+// once (MailerConfig.Concurrency).
 type Sender interface {
 	Send(ctx context.Context, m Message) error
 }
@@ -73,20 +75,30 @@ type MailerConfig struct {
 	RetryBackoff time.Duration
 	// SendTimeout bounds one Send. Default 30s.
 	SendTimeout time.Duration
+	// BatchSize is how many due e-mails the mailer claims, sends and marks
+	// in one transaction. Default 64. It also bounds what a crash can make
+	// the mailer send twice.
+	BatchSize int
+	// Concurrency is how many e-mails of a batch are sent at once: each
+	// send is a network round trip or several, mostly waiting. Default 8.
+	Concurrency int
 }
 
 // Mailer sends the notifications table, the notify service's mail outbox.
 //
-// It takes the oldest due PENDING row with FOR UPDATE SKIP LOCKED, sends it,
-// and marks it SENT — or records the failed attempt and its error, to be
-// tried again after a backoff, and FAILED after MaxAttempts — in the same
-// transaction, one e-mail per transaction. Several mailers (replicas of the
-// service) can run on one database: each skips the rows another holds.
+// It claims a batch of the oldest due PENDING rows with FOR UPDATE SKIP
+// LOCKED, sends them with bounded concurrency, and in the same transaction
+// marks the sent ones SENT and records the failed attempts and their errors
+// — to be tried again after a backoff, and FAILED after MaxAttempts — with
+// one statement each. Several mailers (replicas of the service) can run on
+// one database: each skips the rows another holds, so no row is sent by two
+// of them.
 //
 // Delivery to the mail server is at least once: a crash after the server
 // accepted an e-mail and before SENT was committed sends it again, with the
-// same Message-ID. One transaction per e-mail keeps that to the e-mail in
-// hand.
+// same Message-ID. One transaction per batch bounds this to the batch in
+// hand (BatchSize e-mails); BatchSize 1 bounds it to one e-mail at the cost
+// of throughput.
 type Mailer struct {
 	pool    *pgxpool.Pool
 	sender  Sender
@@ -104,6 +116,8 @@ func NewMailer(pool *pgxpool.Pool, sender Sender, cfg MailerConfig, logger *slog
 	cfg.MaxAttempts = cmp.Or(max(cfg.MaxAttempts, 0), defaultMaxAttempts)
 	cfg.RetryBackoff = cmp.Or(max(cfg.RetryBackoff, 0), defaultRetryBackoff)
 	cfg.SendTimeout = cmp.Or(max(cfg.SendTimeout, 0), defaultSendTimeout)
+	cfg.BatchSize = cmp.Or(max(cfg.BatchSize, 0), defaultBatchSize)
+	cfg.Concurrency = cmp.Or(max(cfg.Concurrency, 0), defaultConcurrency)
 	return &Mailer{
 		pool:    pool,
 		sender:  sender,
@@ -114,11 +128,13 @@ func NewMailer(pool *pgxpool.Pool, sender Sender, cfg MailerConfig, logger *slog
 }
 
 // Run sends due notifications at once and then every PollInterval until ctx
-// is done, and returns nil then. On shutdown it finishes the e-mail in
-// hand, so that one the mail server accepted is also marked SENT. A failure
-// of the database is logged and tried again at the next interval.
+// is done, and returns nil then. On shutdown it finishes the e-mails being
+// sent, so that those the mail server accepted are also marked SENT, and
+// leaves the rest of the batch PENDING, untried. A failure of the database
+// is logged and tried again at the next interval.
 //
-// Run works in the calling goroutine and starts none of its own.
+// Run works in the calling goroutine; it starts goroutines only for the
+// sends of a batch, and waits for them.
 func (m *Mailer) Run(ctx context.Context) error {
 	ticker := time.NewTicker(m.cfg.PollInterval)
 	defer ticker.Stop()
@@ -138,87 +154,155 @@ func (m *Mailer) Run(ctx context.Context) error {
 	}
 }
 
-// SendDue sends every notification that is due when it is called, one after
-// the other in id order, and returns how many it tried (sent or not). It
-// returns early, with ctx's error, when ctx is done; the e-mail in hand is
-// finished first.
+// SendDue sends every notification that is due when it is called, a batch
+// at a time in id order, and returns how many it tried (sent or not). It
+// returns early, with ctx's error, when ctx is done; the e-mails being sent
+// are finished first.
 func (m *Mailer) SendDue(ctx context.Context) (int, error) {
 	n := 0
 	for {
 		if err := ctx.Err(); err != nil {
 			return n, err
 		}
-		tried, err := m.sendNext(ctx)
-		if err != nil || !tried {
+		claimed, tried, err := m.sendBatch(ctx)
+		n += tried
+		// A short batch means no other row was due and unclaimed; rows due
+		// since are the next poll's.
+		if err != nil || claimed < m.cfg.BatchSize {
 			return n, err
 		}
-		n++
 	}
 }
 
-// sendNext claims the next due notification, sends it and records the
-// outcome, in one transaction. It reports whether there was one.
-func (m *Mailer) sendNext(ctx context.Context) (bool, error) {
-	// The e-mail in hand is finished even when ctx is canceled: the server
-	// may have accepted it, and then it should be marked SENT. The timeout
-	// keeps a hung server or database from holding up shutdown for ever.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.SendTimeout+dbTimeout)
-	defer cancel()
-
-	tx, err := m.pool.Begin(ctx)
+// sendBatch claims up to BatchSize due notifications, sends them and records
+// the outcomes, in one transaction. It returns how many it claimed and how
+// many of those it tried: on shutdown, those not yet started are left
+// untouched.
+func (m *Mailer) sendBatch(ctx context.Context) (claimed, tried int, err error) {
+	// The e-mails in hand are finished even when ctx is canceled: the server
+	// may have accepted them, and then they should be marked SENT. The
+	// timeouts keep a hung server or database from holding up shutdown for
+	// ever.
+	work := context.WithoutCancel(ctx)
+	claimCtx, cancelClaim := context.WithTimeout(work, dbTimeout)
+	defer cancelClaim()
+	tx, err := m.pool.Begin(claimCtx)
 	if err != nil {
-		return false, fmt.Errorf("begin: %w", err)
+		return 0, 0, fmt.Errorf("begin: %w", err)
 	}
 	// After Commit this is a no-op; after a failure the rollback leaves the
-	// row PENDING, to be sent again.
-	defer func() { _ = tx.Rollback(ctx) }()
+	// rows PENDING, to be sent again.
+	defer func() {
+		rbCtx, cancel := context.WithTimeout(work, dbTimeout)
+		defer cancel()
+		_ = tx.Rollback(rbCtx)
+	}()
 
-	n, err := m.queries.ClaimNextDueNotification(ctx, tx)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return false, nil
-	case err != nil:
-		return false, fmt.Errorf("claim notification: %w", err)
+	ns, err := m.queries.ClaimDueNotifications(claimCtx, tx, int32(min(m.cfg.BatchSize, 1<<31-1)))
+	if err != nil {
+		return 0, 0, fmt.Errorf("claim notifications: %w", err)
+	}
+	if len(ns) == 0 {
+		return 0, 0, nil
 	}
 
-	sendCtx, cancelSend := context.WithTimeout(ctx, m.cfg.SendTimeout)
-	sendErr := m.sender.Send(sendCtx, Message{ID: n.MessageID, To: n.Recipient, Subject: n.Subject, Body: n.Body, Date: n.CreatedAt})
-	cancelSend()
+	results := m.sendAll(ctx, ns)
 
-	status := StatusSent
-	if sendErr == nil {
-		if err := m.queries.MarkNotificationSent(ctx, tx, n.ID); err != nil {
-			return false, fmt.Errorf("mark notification %d sent: %w", n.ID, err)
-		}
-	} else {
-		attempt := n.Attempts + 1
-		row, err := m.queries.MarkNotificationAttemptFailed(ctx, tx, dbsqlc.MarkNotificationAttemptFailedParams{
-			ID:          n.ID,
-			LastError:   truncate(sendErr.Error(), maxErrorLength),
+	var (
+		sent   []int64
+		failed = dbsqlc.MarkNotificationAttemptsFailedParams{
 			MaxAttempts: int32(min(m.cfg.MaxAttempts, 1<<31-1)),
-			RetryAfter:  pgtype.Interval{Microseconds: m.backoff(attempt).Microseconds(), Valid: true},
-		})
-		if err != nil {
-			return false, fmt.Errorf("record failed attempt of notification %d: %w", n.ID, err)
 		}
-		status = row.Status
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return false, fmt.Errorf("commit notification %d: %w", n.ID, err)
+	)
+	for i, n := range ns {
+		r := results[i]
+		if r.tried {
+			tried++
+		}
+		switch {
+		case !r.tried:
+		case r.err == nil:
+			sent = append(sent, n.ID)
+		default:
+			failed.Ids = append(failed.Ids, n.ID)
+			failed.LastErrors = append(failed.LastErrors, truncate(r.err.Error(), maxErrorLength))
+			failed.RetryAfters = append(failed.RetryAfters,
+				pgtype.Interval{Microseconds: m.backoff(n.Attempts + 1).Microseconds(), Valid: true})
+		}
 	}
 
-	switch status {
-	case StatusSent:
-		m.sent.Add(1)
-		m.logger.DebugContext(ctx, "e-mail sent", "message_id", n.MessageID)
-	case StatusFailed:
-		m.failed.Add(1)
-		m.logger.ErrorContext(ctx, "e-mail failed for good", "message_id", n.MessageID, "attempts", n.Attempts+1, "error", sendErr)
-	default:
-		m.retried.Add(1)
-		m.logger.WarnContext(ctx, "e-mail not sent; will retry", "message_id", n.MessageID, "attempt", n.Attempts+1, "error", sendErr)
+	markCtx, cancelMark := context.WithTimeout(work, dbTimeout)
+	defer cancelMark()
+	if len(sent) > 0 {
+		if err := m.queries.MarkNotificationsSent(markCtx, tx, sent); err != nil {
+			return len(ns), tried, fmt.Errorf("mark %d notifications sent: %w", len(sent), err)
+		}
 	}
-	return true, nil
+	status := make(map[int64]string, len(failed.Ids))
+	if len(failed.Ids) > 0 {
+		rows, err := m.queries.MarkNotificationAttemptsFailed(markCtx, tx, failed)
+		if err != nil {
+			return len(ns), tried, fmt.Errorf("record %d failed attempts: %w", len(failed.Ids), err)
+		}
+		for _, r := range rows {
+			status[r.ID] = r.Status
+		}
+	}
+	if err := tx.Commit(markCtx); err != nil {
+		return len(ns), tried, fmt.Errorf("commit %d notifications: %w", len(ns), err)
+	}
+
+	for i, n := range ns {
+		r := results[i]
+		switch {
+		case !r.tried:
+			continue
+		case r.err == nil:
+			m.sent.Add(1)
+			m.logger.DebugContext(ctx, "e-mail sent", "message_id", n.MessageID)
+		case status[n.ID] == StatusFailed:
+			m.failed.Add(1)
+			m.logger.ErrorContext(ctx, "e-mail failed for good", "message_id", n.MessageID, "attempts", n.Attempts+1, "error", r.err)
+		default:
+			m.retried.Add(1)
+			m.logger.WarnContext(ctx, "e-mail not sent; will retry", "message_id", n.MessageID, "attempt", n.Attempts+1, "error", r.err)
+		}
+	}
+	return len(ns), tried, nil
+}
+
+// sendResult is the outcome of one claimed e-mail of a batch.
+type sendResult struct {
+	tried bool // false: not started because ctx was done
+	err   error
+}
+
+// sendAll sends ns, at most Concurrency at once, and returns their results
+// in the same order. Once ctx is done it starts no further send; those
+// started are finished under a context that is not canceled.
+func (m *Mailer) sendAll(ctx context.Context, ns []dbsqlc.ClaimDueNotificationsRow) []sendResult {
+	results := make([]sendResult, len(ns))
+	work := context.WithoutCancel(ctx)
+	var g errgroup.Group
+	g.SetLimit(m.cfg.Concurrency)
+	for i, n := range ns {
+		if ctx.Err() != nil {
+			break
+		}
+		g.Go(func() error {
+			// Go may have waited for a free slot past the cancellation.
+			if ctx.Err() != nil {
+				return nil
+			}
+			sendCtx, cancel := context.WithTimeout(work, m.cfg.SendTimeout)
+			defer cancel()
+			err := m.sender.Send(sendCtx, Message{ID: n.MessageID, To: n.Recipient, Subject: n.Subject, Body: n.Body, Date: n.CreatedAt})
+			results[i] = sendResult{tried: true, err: err}
+			return nil
+		})
+	}
+	_ = g.Wait() // the sends report through results
+	return results
 }
 
 // backoff is the wait after the attempt-th failed attempt: RetryBackoff,

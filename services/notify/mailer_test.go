@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/postgres"
@@ -353,4 +354,256 @@ func (s *smtpServer) serve(conn net.Conn) {
 			return
 		}
 	}
+}
+
+// newMailerDB is a notify database with n due notifications, and their
+// Message-IDs in id order.
+func newMailerDB(t *testing.T, n int) (*testenv.Database, []string) {
+	t.Helper()
+	schema, err := postgres.ServiceSchema(notify.Name)
+	require.NoError(t, err)
+	db := testenv.NewDatabase(t, schema)
+	r, err := db.Pool.Query(t.Context(), `
+		INSERT INTO notifications (order_id, kind, recipient, event_id, message_id, subject, body)
+		SELECT gen_random_uuid(), 'placed', format('c%s@shop.example', e.i), e.id, format('<%s@onceflow>', e.id), 's', 'b'
+		FROM (SELECT i, gen_random_uuid() AS id FROM generate_series(1, $1) AS i) AS e
+		ORDER BY e.i
+		RETURNING message_id`, n)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(r, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Len(t, ids, n)
+	return db, ids
+}
+
+// awaitNonePending waits until no notification is PENDING.
+func awaitNonePending(t *testing.T, db *testenv.Database) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM notifications WHERE status = 'PENDING'`).Scan(&n)
+		return err == nil && n == 0
+	}, 30*time.Second, 10*time.Millisecond)
+}
+
+// runMailer runs m until the test ends.
+func runMailer(t *testing.T, m *notify.Mailer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+}
+
+// gatedSender holds its first Send until the other's first Send has begun,
+// so that each of two mailers sends only while the other holds a batch.
+type gatedSender struct {
+	rec          *recorder
+	first, other chan struct{}
+	once         sync.Once
+}
+
+func (s *gatedSender) Send(ctx context.Context, m notify.Message) error {
+	var err error
+	s.once.Do(func() {
+		close(s.first)
+		select {
+		case <-s.other:
+		case <-time.After(5 * time.Second):
+			err = errors.New("the other mailer sent nothing meanwhile")
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return s.rec.Send(ctx, m)
+}
+
+func TestTwoMailersSendEveryNotificationOnce(t *testing.T) {
+	t.Parallel()
+	const n = 500
+	db, ids := newMailerDB(t, n)
+	rec := &recorder{}
+	a, b := make(chan struct{}), make(chan struct{})
+	cfg := notify.MailerConfig{PollInterval: 10 * time.Millisecond, BatchSize: 16, Concurrency: 4}
+	logger := slog.New(slog.DiscardHandler)
+	// Each mailer's first send waits for the other's: with FOR UPDATE but
+	// no SKIP LOCKED, the second mailer's claim would wait for the first's
+	// batch instead, and the first send would fail.
+	runMailer(t, notify.NewMailer(db.Pool, &gatedSender{rec: rec, first: a, other: b}, cfg, logger))
+	runMailer(t, notify.NewMailer(db.Pool, &gatedSender{rec: rec, first: b, other: a}, cfg, logger))
+	awaitNonePending(t, db)
+
+	sent := map[string]int{}
+	for _, m := range rec.Calls() {
+		sent[m.ID]++
+	}
+	require.Len(t, sent, n)
+	for _, id := range ids {
+		require.Equal(t, 1, sent[id], "%s sent once", id)
+	}
+	var settled, once int
+	require.NoError(t, db.Pool.QueryRow(t.Context(),
+		`SELECT count(*) FILTER (WHERE status = 'SENT'), count(*) FILTER (WHERE attempts = 1) FROM notifications`).Scan(&settled, &once))
+	require.Equal(t, n, settled)
+	require.Equal(t, n, once)
+	select {
+	case <-a:
+	default:
+		t.Fatal("the first mailer sent nothing")
+	}
+	select {
+	case <-b:
+	default:
+		t.Fatal("the second mailer sent nothing")
+	}
+}
+
+// failingSender fails every e-mail in fail and sends the others, and counts
+// the calls per Message-ID.
+type failingSender struct {
+	fail map[string]bool
+
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func (s *failingSender) Send(_ context.Context, m notify.Message) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls[m.ID]++
+	if s.fail[m.ID] {
+		return fmt.Errorf("550 no such user (call %d)", s.calls[m.ID])
+	}
+	return nil
+}
+
+func TestMailerBatchFailsAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
+	const n = 40
+	db, ids := newMailerDB(t, n)
+	sender := &failingSender{fail: map[string]bool{}, calls: map[string]int{}}
+	for i, id := range ids {
+		if i%3 == 0 {
+			sender.fail[id] = true
+		}
+	}
+	m := notify.NewMailer(db.Pool, sender, notify.MailerConfig{
+		PollInterval: 5 * time.Millisecond,
+		MaxAttempts:  3,
+		RetryBackoff: time.Millisecond,
+		BatchSize:    8,
+		Concurrency:  3,
+	}, slog.New(slog.DiscardHandler))
+	runMailer(t, m)
+	awaitNonePending(t, db)
+
+	r, err := db.Pool.Query(t.Context(), `SELECT message_id, status, attempts, last_error, sent_at IS NOT NULL FROM notifications`)
+	require.NoError(t, err)
+	type outcome struct {
+		id, status, lastError string
+		attempts              int
+		sent                  bool
+	}
+	got, err := pgx.CollectRows(r, func(row pgx.CollectableRow) (outcome, error) {
+		var o outcome
+		err := row.Scan(&o.id, &o.status, &o.attempts, &o.lastError, &o.sent)
+		return o, err
+	})
+	require.NoError(t, err)
+	require.Len(t, got, n)
+	sender.mu.Lock()
+	defer sender.mu.Unlock()
+	for _, o := range got {
+		if sender.fail[o.id] {
+			require.Equal(t, outcome{id: o.id, status: notify.StatusFailed, attempts: 3, lastError: "550 no such user (call 3)"}, o)
+			require.Equal(t, 3, sender.calls[o.id], "tried MaxAttempts times, then left alone")
+			continue
+		}
+		require.Equal(t, outcome{id: o.id, status: notify.StatusSent, attempts: 1, sent: true}, o)
+		require.Equal(t, 1, sender.calls[o.id])
+	}
+}
+
+// holdingSender holds every Send until released and tracks how many are in
+// flight at once.
+type holdingSender struct {
+	release chan struct{}
+
+	mu             sync.Mutex
+	inFlight, most int
+	calls          int
+}
+
+func (s *holdingSender) Send(ctx context.Context, _ notify.Message) error {
+	s.mu.Lock()
+	s.calls++
+	s.inFlight++
+	s.most = max(s.most, s.inFlight)
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.inFlight--
+		s.mu.Unlock()
+	}()
+	select {
+	case <-s.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *holdingSender) state() (inFlight, most, calls int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inFlight, s.most, s.calls
+}
+
+func TestMailerRespectsBatchSizeAndConcurrency(t *testing.T) {
+	t.Parallel()
+	const n = 10
+	db, _ := newMailerDB(t, n)
+	sender := &holdingSender{release: make(chan struct{})}
+	m := notify.NewMailer(db.Pool, sender, notify.MailerConfig{BatchSize: 4, Concurrency: 2}, slog.New(slog.DiscardHandler))
+	done := make(chan error, 1)
+	var tried int
+	go func() {
+		var err error
+		tried, err = m.SendDue(t.Context())
+		done <- err
+	}()
+
+	require.Eventually(t, func() bool {
+		inFlight, _, _ := sender.state()
+		return inFlight == 2
+	}, 10*time.Second, time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // room for a third send, were one allowed
+	inFlight, most, calls := sender.state()
+	require.Equal(t, 2, inFlight, "Concurrency sends at once")
+	require.Equal(t, 2, most)
+	require.Equal(t, 2, calls)
+	// The batch holds its rows; another mailer would find only the rest.
+	var free int
+	require.NoError(t, db.Pool.QueryRow(t.Context(), `
+		SELECT count(*) FROM (SELECT id FROM notifications WHERE status = 'PENDING' FOR UPDATE SKIP LOCKED) AS f`).Scan(&free))
+	require.Equal(t, n-4, free, "one batch claims BatchSize rows")
+
+	close(sender.release)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("SendDue did not return")
+	}
+	require.Equal(t, n, tried)
+	_, most, calls = sender.state()
+	require.Equal(t, 2, most)
+	require.Equal(t, n, calls)
+	var sent int
+	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM notifications WHERE status = 'SENT' AND attempts = 1`).Scan(&sent))
+	require.Equal(t, n, sent)
 }

@@ -48,85 +48,101 @@ func New(pool *pgxpool.Pool) *Service {
 }
 
 // HandleOrderMilestone is the handler of the notify-orders subscription,
-// which receives every event on orders.>: it dispatches each order milestone
-// to its handler.
+// which receives every event on orders.>: it writes the e-mail of each order
+// milestone.
 func (s *Service) HandleOrderMilestone(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-	switch ev.Type {
-	case event.OrderPlaced:
-		return s.HandleOrderPlaced(ctx, tx, ev)
-	case event.OrderConfirmed:
-		return s.HandleOrderConfirmed(ctx, tx, ev)
-	case event.OrderRejected:
-		return s.HandleOrderRejected(ctx, tx, ev)
-	case event.OrderCancelled:
-		return s.HandleOrderCancelled(ctx, tx, ev)
-	}
-	return inbox.Permanent(fmt.Errorf("unexpected event type %s", ev.Type))
+	return s.write(ctx, tx, ev)
 }
 
 // HandleOrderPlaced writes the "placed" e-mail of the order.
 func (s *Service) HandleOrderPlaced(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-	if ev.Type != event.OrderPlaced {
-		return inbox.Permanent(fmt.Errorf("unexpected event type %s", ev.Type))
-	}
-	var p event.OrderPlacedV1
-	if err := ev.Decode(&p); err != nil {
-		return err
-	}
-	return s.write(ctx, tx, ev, p.Order, KindPlaced,
-		fmt.Sprintf("We received your order %s", p.OrderID),
-		fmt.Sprintf("We received your order %s (total %s).\nWe will write again once it is paid and the goods are reserved.\n",
-			p.OrderID, amount(p.TotalCents)))
+	return s.writeIf(ctx, tx, ev, event.OrderPlaced)
 }
 
 // HandleOrderConfirmed writes the "confirmed" e-mail of the order.
 func (s *Service) HandleOrderConfirmed(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-	if ev.Type != event.OrderConfirmed {
-		return inbox.Permanent(fmt.Errorf("unexpected event type %s", ev.Type))
-	}
-	var p event.OrderConfirmedV1
-	if err := ev.Decode(&p); err != nil {
-		return err
-	}
-	return s.write(ctx, tx, ev, p.Order, KindConfirmed,
-		fmt.Sprintf("Your order %s is confirmed", p.OrderID),
-		fmt.Sprintf("Your order %s is confirmed: it is paid (total %s) and the goods are reserved for you.\n",
-			p.OrderID, amount(p.TotalCents)))
+	return s.writeIf(ctx, tx, ev, event.OrderConfirmed)
 }
 
 // HandleOrderRejected writes the "rejected" e-mail of the order.
 func (s *Service) HandleOrderRejected(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-	if ev.Type != event.OrderRejected {
-		return inbox.Permanent(fmt.Errorf("unexpected event type %s", ev.Type))
-	}
-	var p event.OrderRejectedV1
-	if err := ev.Decode(&p); err != nil {
-		return err
-	}
-	return s.write(ctx, tx, ev, p.Order, KindRejected,
-		fmt.Sprintf("Your order %s was rejected", p.OrderID),
-		fmt.Sprintf("Your order %s could not be paid%s.\nNothing was charged.\n", p.OrderID, because(p.Reason)))
+	return s.writeIf(ctx, tx, ev, event.OrderRejected)
 }
 
 // HandleOrderCancelled writes the "cancelled" e-mail of the order.
 func (s *Service) HandleOrderCancelled(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-	if ev.Type != event.OrderCancelled {
+	return s.writeIf(ctx, tx, ev, event.OrderCancelled)
+}
+
+// writeIf writes the e-mail of ev, which must be of type typ.
+func (s *Service) writeIf(ctx context.Context, tx pgx.Tx, ev event.Envelope, typ event.Type) error {
+	if ev.Type != typ {
 		return inbox.Permanent(fmt.Errorf("unexpected event type %s", ev.Type))
 	}
-	var p event.OrderCancelledV1
-	if err := ev.Decode(&p); err != nil {
-		return err
-	}
-	return s.write(ctx, tx, ev, p.Order, KindCancelled,
-		fmt.Sprintf("Your order %s was cancelled", p.OrderID),
-		fmt.Sprintf("Your order %s was cancelled%s.\nYour payment has been refunded in full.\n", p.OrderID, because(p.Reason)))
+	return s.write(ctx, tx, ev)
 }
 
 // write records the e-mail of one milestone of an order, unless the
 // milestone or the event already has one: the inbox drops a redelivered
 // event, and the unique keys also drop the same milestone re-emitted under a
 // new event id, so that a customer never gets a milestone's e-mail twice.
-func (s *Service) write(ctx context.Context, tx pgx.Tx, ev event.Envelope, o event.Order, kind, subject, body string) error {
+func (s *Service) write(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	n, err := notification(ev)
+	if err != nil {
+		return err
+	}
+	if _, err := s.queries.InsertNotification(ctx, tx, n); err != nil {
+		return fmt.Errorf("write %s notification of order %s: %w", n.Kind, n.OrderID, err)
+	}
+	return nil
+}
+
+// notification is the e-mail that the order milestone ev causes, as its
+// row: the one place both the per-event and the set-based handler build it.
+func notification(ev event.Envelope) (dbsqlc.InsertNotificationParams, error) {
+	var (
+		o                   event.Order
+		kind, subject, body string
+	)
+	switch ev.Type {
+	case event.OrderPlaced:
+		var p event.OrderPlacedV1
+		if err := ev.Decode(&p); err != nil {
+			return dbsqlc.InsertNotificationParams{}, err
+		}
+		o, kind = p.Order, KindPlaced
+		subject = fmt.Sprintf("We received your order %s", p.OrderID)
+		body = fmt.Sprintf("We received your order %s (total %s).\nWe will write again once it is paid and the goods are reserved.\n",
+			p.OrderID, amount(p.TotalCents))
+	case event.OrderConfirmed:
+		var p event.OrderConfirmedV1
+		if err := ev.Decode(&p); err != nil {
+			return dbsqlc.InsertNotificationParams{}, err
+		}
+		o, kind = p.Order, KindConfirmed
+		subject = fmt.Sprintf("Your order %s is confirmed", p.OrderID)
+		body = fmt.Sprintf("Your order %s is confirmed: it is paid (total %s) and the goods are reserved for you.\n",
+			p.OrderID, amount(p.TotalCents))
+	case event.OrderRejected:
+		var p event.OrderRejectedV1
+		if err := ev.Decode(&p); err != nil {
+			return dbsqlc.InsertNotificationParams{}, err
+		}
+		o, kind = p.Order, KindRejected
+		subject = fmt.Sprintf("Your order %s was rejected", p.OrderID)
+		body = fmt.Sprintf("Your order %s could not be paid%s.\nNothing was charged.\n", p.OrderID, because(p.Reason))
+	case event.OrderCancelled:
+		var p event.OrderCancelledV1
+		if err := ev.Decode(&p); err != nil {
+			return dbsqlc.InsertNotificationParams{}, err
+		}
+		o, kind = p.Order, KindCancelled
+		subject = fmt.Sprintf("Your order %s was cancelled", p.OrderID)
+		body = fmt.Sprintf("Your order %s was cancelled%s.\nYour payment has been refunded in full.\n", p.OrderID, because(p.Reason))
+	default:
+		return dbsqlc.InsertNotificationParams{}, inbox.Permanent(fmt.Errorf("unexpected event type %s", ev.Type))
+	}
+
 	recipient := Recipient(o)
 	status, lastError := StatusPending, ""
 	// An address no mail server would take is recorded as FAILED rather
@@ -137,7 +153,7 @@ func (s *Service) write(ctx context.Context, tx pgx.Tx, ev event.Envelope, o eve
 	} else {
 		recipient = addr.Address
 	}
-	if _, err := s.queries.InsertNotification(ctx, tx, dbsqlc.InsertNotificationParams{
+	return dbsqlc.InsertNotificationParams{
 		OrderID:   o.OrderID,
 		Kind:      kind,
 		Recipient: recipient,
@@ -147,10 +163,7 @@ func (s *Service) write(ctx context.Context, tx pgx.Tx, ev event.Envelope, o eve
 		Body:      body,
 		Status:    status,
 		LastError: lastError,
-	}); err != nil {
-		return fmt.Errorf("write %s notification of order %s: %w", kind, o.OrderID, err)
-	}
-	return nil
+	}, nil
 }
 
 // Recipient is where the e-mails about o go: the customer's e-mail address,

@@ -26,13 +26,15 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 			PollInterval: cfg.MailerPollInterval,
 			MaxAttempts:  cfg.MailerMaxAttempts,
 			RetryBackoff: cfg.MailerRetryBackoff,
+			BatchSize:    cfg.MailerBatchSize,
+			Concurrency:  cfg.MailerConcurrency,
 		}, d.Logger)
 		if err := d.Registry.Register(newMailerCollector(m)); err != nil {
 			return app.Spec{}, fmt.Errorf("register mailer metrics: %w", err)
 		}
 		return app.Spec{
 			Subscriptions: []app.Subscription{
-				{Stream: streams.Orders, Durable: streams.NotifyOrders, Handler: s.HandleOrderMilestone},
+				{Stream: streams.Orders, Durable: streams.NotifyOrders, Handler: s.HandleOrderMilestone, BatchHandler: s.HandleOrderMilestoneBatch},
 			},
 			Routes:     s.Routes,
 			Background: []func(context.Context) error{m.Run},

@@ -13,16 +13,16 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const claimNextDueNotification = `-- name: ClaimNextDueNotification :one
+const claimDueNotifications = `-- name: ClaimDueNotifications :many
 SELECT id, recipient, message_id, subject, body, attempts, created_at
 FROM notifications
 WHERE status = 'PENDING' AND next_attempt_at <= now()
 ORDER BY id
-LIMIT 1
+LIMIT $1::integer
 FOR UPDATE SKIP LOCKED
 `
 
-type ClaimNextDueNotificationRow struct {
+type ClaimDueNotificationsRow struct {
 	ID        int64
 	Recipient string
 	MessageID string
@@ -32,21 +32,35 @@ type ClaimNextDueNotificationRow struct {
 	CreatedAt time.Time
 }
 
-// The oldest PENDING e-mail whose backoff has passed, locked until the
-// claiming transaction ends; rows another mailer holds are skipped.
-func (q *Queries) ClaimNextDueNotification(ctx context.Context, db DBTX) (ClaimNextDueNotificationRow, error) {
-	row := db.QueryRow(ctx, claimNextDueNotification)
-	var i ClaimNextDueNotificationRow
-	err := row.Scan(
-		&i.ID,
-		&i.Recipient,
-		&i.MessageID,
-		&i.Subject,
-		&i.Body,
-		&i.Attempts,
-		&i.CreatedAt,
-	)
-	return i, err
+// The oldest PENDING e-mails whose backoff has passed, at most @max_rows,
+// locked until the claiming transaction ends; rows another mailer holds are
+// skipped, so concurrent mailers claim disjoint batches.
+func (q *Queries) ClaimDueNotifications(ctx context.Context, db DBTX, maxRows int32) ([]ClaimDueNotificationsRow, error) {
+	rows, err := db.Query(ctx, claimDueNotifications, maxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ClaimDueNotificationsRow{}
+	for rows.Next() {
+		var i ClaimDueNotificationsRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Recipient,
+			&i.MessageID,
+			&i.Subject,
+			&i.Body,
+			&i.Attempts,
+			&i.CreatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const insertNotification = `-- name: InsertNotification :execrows
@@ -81,6 +95,53 @@ func (q *Queries) InsertNotification(ctx context.Context, db DBTX, arg InsertNot
 		arg.Body,
 		arg.Status,
 		arg.LastError,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const insertNotifications = `-- name: InsertNotifications :execrows
+INSERT INTO notifications (order_id, kind, recipient, event_id, message_id, subject, body, status, last_error)
+SELECT r.order_id, r.kind, r.recipient, r.event_id, r.message_id, r.subject, r.body, r.status, r.last_error
+FROM ROWS FROM (
+        unnest($1::uuid[]), unnest($2::text[]), unnest($3::text[]),
+        unnest($4::uuid[]), unnest($5::text[]), unnest($6::text[]),
+        unnest($7::text[]), unnest($8::text[]), unnest($9::text[])
+    ) WITH ORDINALITY AS r (order_id, kind, recipient, event_id, message_id, subject, body, status, last_error, ord)
+ORDER BY r.ord
+ON CONFLICT DO NOTHING
+`
+
+type InsertNotificationsParams struct {
+	OrderIds   []uuid.UUID
+	Kinds      []string
+	Recipients []string
+	EventIds   []uuid.UUID
+	MessageIds []string
+	Subjects   []string
+	Bodies     []string
+	Statuses   []string
+	LastErrors []string
+}
+
+// InsertNotification for a batch, in one statement; the arrays run in
+// parallel. The rows are inserted in array order (WITH ORDINALITY … ORDER
+// BY), so ids are assigned as one InsertNotification per row in that order
+// would, and a row that conflicts with an earlier row of the same statement
+// is skipped like one that conflicts with a committed row: the first wins.
+func (q *Queries) InsertNotifications(ctx context.Context, db DBTX, arg InsertNotificationsParams) (int64, error) {
+	result, err := db.Exec(ctx, insertNotifications,
+		arg.OrderIds,
+		arg.Kinds,
+		arg.Recipients,
+		arg.EventIds,
+		arg.MessageIds,
+		arg.Subjects,
+		arg.Bodies,
+		arg.Statuses,
+		arg.LastErrors,
 	)
 	if err != nil {
 		return 0, err
@@ -151,51 +212,67 @@ func (q *Queries) MailerLag(ctx context.Context, db DBTX) (MailerLagRow, error) 
 	return i, err
 }
 
-const markNotificationAttemptFailed = `-- name: MarkNotificationAttemptFailed :one
-UPDATE notifications
-SET attempts        = attempts + 1,
-    last_error      = $1,
-    status          = CASE WHEN attempts + 1 >= $2::integer THEN 'FAILED' ELSE 'PENDING' END,
-    next_attempt_at = clock_timestamp() + $3::interval
-WHERE id = $4
-RETURNING status, attempts
+const markNotificationAttemptsFailed = `-- name: MarkNotificationAttemptsFailed :many
+UPDATE notifications AS n
+SET attempts        = n.attempts + 1,
+    last_error      = f.last_error,
+    status          = CASE WHEN n.attempts + 1 >= $1::integer THEN 'FAILED' ELSE 'PENDING' END,
+    next_attempt_at = clock_timestamp() + f.retry_after
+FROM ROWS FROM (unnest($2::bigint[]), unnest($3::text[]), unnest($4::interval[])) AS f (id, last_error, retry_after)
+WHERE n.id = f.id
+RETURNING n.id, n.status, n.attempts
 `
 
-type MarkNotificationAttemptFailedParams struct {
-	LastError   string
+type MarkNotificationAttemptsFailedParams struct {
 	MaxAttempts int32
-	RetryAfter  pgtype.Interval
-	ID          int64
+	Ids         []int64
+	LastErrors  []string
+	RetryAfters []pgtype.Interval
 }
 
-type MarkNotificationAttemptFailedRow struct {
+type MarkNotificationAttemptsFailedRow struct {
+	ID       int64
 	Status   string
 	Attempts int32
 }
 
-// Records a failed attempt: the row stays PENDING until @retry_after has
-// passed, or becomes FAILED when it has had @max_attempts attempts.
-func (q *Queries) MarkNotificationAttemptFailed(ctx context.Context, db DBTX, arg MarkNotificationAttemptFailedParams) (MarkNotificationAttemptFailedRow, error) {
-	row := db.QueryRow(ctx, markNotificationAttemptFailed,
-		arg.LastError,
+// Records a failed attempt of each of @ids, with its error and backoff: a
+// row stays PENDING until its retry_after has passed, or becomes FAILED when
+// it has had @max_attempts attempts. The arrays run in parallel.
+func (q *Queries) MarkNotificationAttemptsFailed(ctx context.Context, db DBTX, arg MarkNotificationAttemptsFailedParams) ([]MarkNotificationAttemptsFailedRow, error) {
+	rows, err := db.Query(ctx, markNotificationAttemptsFailed,
 		arg.MaxAttempts,
-		arg.RetryAfter,
-		arg.ID,
+		arg.Ids,
+		arg.LastErrors,
+		arg.RetryAfters,
 	)
-	var i MarkNotificationAttemptFailedRow
-	err := row.Scan(&i.Status, &i.Attempts)
-	return i, err
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []MarkNotificationAttemptsFailedRow{}
+	for rows.Next() {
+		var i MarkNotificationAttemptsFailedRow
+		if err := rows.Scan(&i.ID, &i.Status, &i.Attempts); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
-const markNotificationSent = `-- name: MarkNotificationSent :exec
+const markNotificationsSent = `-- name: MarkNotificationsSent :exec
 UPDATE notifications
 SET status = 'SENT', sent_at = clock_timestamp(), attempts = attempts + 1, last_error = ''
-WHERE id = $1
+WHERE id = ANY ($1::bigint[])
 `
 
 // clock_timestamp(), not now(): now() is when the claiming transaction began,
-// before the e-mail was handed over.
-func (q *Queries) MarkNotificationSent(ctx context.Context, db DBTX, id int64) error {
-	_, err := db.Exec(ctx, markNotificationSent, id)
+// before the e-mails were handed over.
+func (q *Queries) MarkNotificationsSent(ctx context.Context, db DBTX, ids []int64) error {
+	_, err := db.Exec(ctx, markNotificationsSent, ids)
 	return err
 }
