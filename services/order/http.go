@@ -111,11 +111,22 @@ func (s *Service) place(c echo.Context) error {
 		if err != nil {
 			return 0, nil, fmt.Errorf("new order id: %w", err)
 		}
+		ev, err := event.New(Name, event.OrderPlaced, id.String(), event.OrderPlacedV1{
+			Order:      event.Order{OrderID: id, CustomerID: req.CustomerID, CustomerEmail: req.CustomerEmail},
+			Lines:      lines,
+			TotalCents: total,
+		})
+		if err != nil {
+			return 0, nil, err
+		}
 		params := dbsqlc.InsertOrderWithLinesParams{
-			ID:            id,
-			CustomerID:    req.CustomerID,
-			CustomerEmail: req.CustomerEmail,
-			TotalCents:    total,
+			ID:              id,
+			CustomerID:      req.CustomerID,
+			CustomerEmail:   req.CustomerEmail,
+			TotalCents:      total,
+			PlacedEventID:   ev.ID,
+			PlacedEventType: string(ev.Type),
+			PlacedAt:        ev.Time,
 		}
 		items := make([]Item, len(lines))
 		for i, l := range lines {
@@ -125,22 +136,13 @@ func (s *Service) place(c echo.Context) error {
 			params.UnitPricesCents = append(params.UnitPricesCents, l.UnitPriceCents)
 			items[i] = Item{SKU: l.SKU, Quantity: l.Quantity, UnitPriceCents: l.UnitPriceCents}
 		}
+		// The order, its lines and the OrderPlaced timeline entry in one
+		// statement, then the event itself in the outbox.
 		o, err := s.queries.InsertOrderWithLines(ctx, tx, params)
 		if err != nil {
 			return 0, nil, fmt.Errorf("insert order: %w", err)
 		}
-		ev, err := event.New(Name, event.OrderPlaced, o.ID.String(), event.OrderPlacedV1{
-			Order:      event.Order{OrderID: o.ID, CustomerID: o.CustomerID, CustomerEmail: o.CustomerEmail},
-			Lines:      lines,
-			TotalCents: total,
-		})
-		if err != nil {
-			return 0, nil, err
-		}
 		if err := outbox.Enqueue(ctx, tx, ev); err != nil {
-			return 0, nil, err
-		}
-		if _, err := s.record(ctx, tx, o.ID, ev, ""); err != nil {
 			return 0, nil, err
 		}
 		// As GET shows it, without reading it back: the times are the

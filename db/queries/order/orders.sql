@@ -1,6 +1,6 @@
 -- name: InsertOrderWithLines :one
--- Writes a new order and its lines in one statement (one round trip); the
--- line arrays are parallel.
+-- Writes a new order, its lines and the OrderPlaced entry of its timeline in
+-- one statement (one round trip); the line arrays are parallel.
 WITH new_order AS (
     INSERT INTO orders (id, customer_id, customer_email, status, total_cents)
     VALUES (@id, @customer_id, @customer_email, 'PENDING', @total_cents)
@@ -12,6 +12,9 @@ WITH new_order AS (
         unnest(@skus::text[]),
         unnest(@quantities::integer[]),
         unnest(@unit_prices_cents::bigint[])
+), placed AS (
+    INSERT INTO order_timeline (order_id, event_id, event_type, at)
+    VALUES (@id, @placed_event_id, @placed_event_type, @placed_at)
 )
 SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
 FROM new_order;

@@ -45,6 +45,9 @@ WITH new_order AS (
         unnest($6::text[]),
         unnest($7::integer[]),
         unnest($8::bigint[])
+), placed AS (
+    INSERT INTO order_timeline (order_id, event_id, event_type, at)
+    VALUES ($1, $9, $10, $11)
 )
 SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
 FROM new_order
@@ -59,6 +62,9 @@ type InsertOrderWithLinesParams struct {
 	Skus            []string
 	Quantities      []int32
 	UnitPricesCents []int64
+	PlacedEventID   uuid.UUID
+	PlacedEventType string
+	PlacedAt        time.Time
 }
 
 type InsertOrderWithLinesRow struct {
@@ -71,8 +77,8 @@ type InsertOrderWithLinesRow struct {
 	UpdatedAt     time.Time
 }
 
-// Writes a new order and its lines in one statement (one round trip); the
-// line arrays are parallel.
+// Writes a new order, its lines and the OrderPlaced entry of its timeline in
+// one statement (one round trip); the line arrays are parallel.
 func (q *Queries) InsertOrderWithLines(ctx context.Context, db DBTX, arg InsertOrderWithLinesParams) (InsertOrderWithLinesRow, error) {
 	row := db.QueryRow(ctx, insertOrderWithLines,
 		arg.ID,
@@ -83,6 +89,9 @@ func (q *Queries) InsertOrderWithLines(ctx context.Context, db DBTX, arg InsertO
 		arg.Skus,
 		arg.Quantities,
 		arg.UnitPricesCents,
+		arg.PlacedEventID,
+		arg.PlacedEventType,
+		arg.PlacedAt,
 	)
 	var i InsertOrderWithLinesRow
 	err := row.Scan(
