@@ -1,17 +1,17 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // service is one instance of a service, run as an OS process by a
@@ -218,10 +218,12 @@ func (s *service) scrape(ctx context.Context) {
 	}
 }
 
-// metricKey is one series of onceflow_inbox_events_total.
+// metricKey is a consumer and an outcome of onceflow_inbox_messages_total.
 type metricKey struct{ consumer, outcome string }
 
-// metrics are the onceflow_inbox_events_total counters of a process.
+// metrics are the onceflow_inbox_messages_total counters of a process,
+// summed over event types. A series appears only once incremented, so a
+// missing key reads as 0.
 type metrics map[metricKey]float64
 
 func (m metrics) plus(o metrics) metrics {
@@ -264,38 +266,26 @@ func fetchMetrics(ctx context.Context, url string) (metrics, error) {
 	return parseMetrics(resp.Body)
 }
 
-// parseMetrics reads the onceflow_inbox_events_total series of a
-// Prometheus text exposition.
+// parseMetrics reads the onceflow_inbox_messages_total series of a
+// Prometheus text exposition, summed over event types.
 func parseMetrics(r io.Reader) (metrics, error) {
-	const name = "onceflow_inbox_events_total{"
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, err
+	}
 	m := metrics{}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name) {
-			continue
-		}
-		labels, value, ok := strings.Cut(strings.TrimPrefix(line, name), "} ")
-		if !ok {
-			return nil, fmt.Errorf("metrics line %q", line)
-		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
-		if err != nil {
-			return nil, fmt.Errorf("metrics line %q: %w", line, err)
-		}
+	for _, series := range families["onceflow_inbox_messages_total"].GetMetric() {
 		var k metricKey
-		for _, kv := range strings.Split(labels, ",") {
-			key, val, _ := strings.Cut(kv, "=")
-			val = strings.Trim(val, `"`)
-			switch key {
+		for _, l := range series.GetLabel() {
+			switch l.GetName() {
 			case "consumer":
-				k.consumer = val
+				k.consumer = l.GetValue()
 			case "outcome":
-				k.outcome = val
+				k.outcome = l.GetValue()
 			}
 		}
-		m[k] += v
+		m[k] += series.GetCounter().GetValue()
 	}
-	return m, sc.Err()
+	return m, nil
 }

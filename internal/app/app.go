@@ -183,7 +183,7 @@ func Run(ctx context.Context, name string, cfg Config, logger *slog.Logger, buil
 		}, sub.Handler, logger)
 	}
 	if err := errors.Join(
-		registry.Register(newStatsCollector(relay, consumers, spec.Subscriptions)),
+		registry.Register(newStatsCollector(relay)),
 		registry.Register(newPoolCollector(pool, "http")),
 		registry.Register(newPoolCollector(workPool, "consumers")),
 	); err != nil {

@@ -230,31 +230,17 @@ func (o relayObserver) Acked(typ event.Type, age time.Duration) {
 	o.m.outboxDelay.Observe(max(age, 0).Seconds())
 }
 
-// statsCollector exports, at scrape time, the outbox lag read from the
-// database and the consumers' totals by outcome (the sums of
-// onceflow_inbox_messages_total over event types, kept because they are
-// what tests and alerts key on per consumer).
+// statsCollector exports the outbox lag, read from the database at scrape
+// time: it is state, not something the relay observes as it happens.
 type statsCollector struct {
-	relay     *outbox.Relay
-	consumers []*inbox.Consumer
-	durables  []string
-
-	inboxEvents  *prometheus.Desc
+	relay        *outbox.Relay
 	outboxUnsent *prometheus.Desc
 	outboxAge    *prometheus.Desc
 }
 
-func newStatsCollector(relay *outbox.Relay, consumers []*inbox.Consumer, subs []Subscription) *statsCollector {
-	durables := make([]string, len(subs))
-	for i, s := range subs {
-		durables[i] = s.Durable
-	}
+func newStatsCollector(relay *outbox.Relay) *statsCollector {
 	return &statsCollector{
-		relay:     relay,
-		consumers: consumers,
-		durables:  durables,
-		inboxEvents: prometheus.NewDesc("onceflow_inbox_events_total",
-			"Messages handled by an inbox consumer, by outcome.", []string{"consumer", "outcome"}, nil),
+		relay: relay,
 		outboxUnsent: prometheus.NewDesc("onceflow_outbox_unsent",
 			"Outbox rows not yet published.", nil, nil),
 		outboxAge: prometheus.NewDesc("onceflow_outbox_oldest_unsent_age_seconds",
@@ -263,23 +249,11 @@ func newStatsCollector(relay *outbox.Relay, consumers []*inbox.Consumer, subs []
 }
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.inboxEvents
 	ch <- c.outboxUnsent
 	ch <- c.outboxAge
 }
 
 func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
-	for i, cons := range c.consumers {
-		s := cons.Stats()
-		for outcome, n := range map[inbox.Outcome]int64{
-			inbox.OutcomeProcessed:    s.Processed,
-			inbox.OutcomeDuplicate:    s.Duplicates,
-			inbox.OutcomeDeadLettered: s.DeadLettered,
-			inbox.OutcomeRetried:      s.Retried,
-		} {
-			ch <- prometheus.MustNewConstMetric(c.inboxEvents, prometheus.CounterValue, float64(n), c.durables[i], string(outcome))
-		}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	lag, err := c.relay.Lag(ctx)

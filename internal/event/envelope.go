@@ -48,7 +48,7 @@ func New(source string, typ Type, subject string, payload any) (Envelope, error)
 		// PostgreSQL keeps microseconds: a time that is stored and read
 		// back compares equal.
 		Time: time.Now().UTC().Truncate(time.Microsecond),
-		Data:    data,
+		Data: data,
 	}
 	return env, env.Validate()
 }

@@ -1,9 +1,7 @@
 package inventory_test
 
 import (
-	"bufio"
 	"context"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -193,27 +191,6 @@ func reservationOf(t *testing.T, svc *apptest.Service, orderID uuid.UUID) reserv
 	return r
 }
 
-// inboxEvents reads the inventory consumer's count of an inbox outcome
-// ("processed", "duplicate", "retried", "dead_lettered") from /metrics.
-func inboxEvents(t *testing.T, svc *apptest.Service, outcome string) int {
-	t.Helper()
-	resp, err := http.Get(svc.BaseURL + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	prefix := fmt.Sprintf(`onceflow_inbox_events_total{consumer=%q,outcome=%q} `, streams.InventoryPayments, outcome)
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), prefix); ok {
-			n, err := strconv.ParseFloat(v, 64)
-			require.NoError(t, err)
-			return int(n)
-		}
-	}
-	require.NoError(t, sc.Err())
-	t.Fatalf("metric %s not found", prefix)
-	return 0
-}
-
 func TestPaymentDebitedReservesAllLinesOrNone(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -349,7 +326,7 @@ func TestDuplicatePaymentDebitedTakesEffectOnce(t *testing.T) {
 
 			require.Equal(t, tt.wantType, outcomes.Wait(t, 1)[0].Type)
 			requireConsumed(t, svc)
-			require.Equal(t, 5, inboxEvents(t, svc, "duplicate"))
+			require.Equal(t, 5, svc.InboxCount(t, streams.InventoryPayments, "duplicate"))
 			require.Equal(t, tt.wantApple, available(t, svc, "apple"), "stock taken once")
 			require.Equal(t, map[event.Type]int{tt.wantType: 1}, emitted(t, svc), "one outcome, whatever the deliveries")
 		})
@@ -368,7 +345,7 @@ func TestSecondPaymentDebitedForAnOrderChangesNothing(t *testing.T) {
 
 		svc.Publish(t, reemitted(t, first))
 		requireConsumed(t, svc)
-		require.Equal(t, 2, inboxEvents(t, svc, "processed"), "a new event id gets past the inbox")
+		require.Equal(t, 2, svc.InboxCount(t, streams.InventoryPayments, "processed"), "a new event id gets past the inbox")
 		require.Equal(t, int64(6), available(t, svc, "apple"), "the order's reservation is not taken twice")
 		require.Equal(t, map[event.Type]int{event.StockReserved: 1}, emitted(t, svc))
 	})
@@ -425,7 +402,7 @@ func TestConcurrentDuplicatesReserveOnce(t *testing.T) {
 			require.Equal(t, int64(7), available(t, svc, "apple"))
 			require.Equal(t, int64(8), available(t, svc, "pear"))
 			require.Equal(t, map[event.Type]int{event.StockReserved: 1}, emitted(t, svc))
-			require.Zero(t, inboxEvents(t, svc, "retried"), "a race for one order is decided without errors")
+			require.Zero(t, svc.InboxCount(t, streams.InventoryPayments, "retried"), "a race for one order is decided without errors")
 		})
 	}
 }
@@ -483,7 +460,7 @@ func TestOverlappingOrdersDoNotDeadlock(t *testing.T) {
 	for _, sku := range skus {
 		require.Equal(t, 1000-want[sku], available(t, svc, sku), "stock of %s", sku)
 	}
-	require.Zero(t, inboxEvents(t, svc, "retried"), "no deadlock, no retry")
+	require.Zero(t, svc.InboxCount(t, streams.InventoryPayments, "retried"), "no deadlock, no retry")
 }
 
 func TestInvalidPaymentDebitedIsDeadLettered(t *testing.T) {

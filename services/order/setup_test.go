@@ -1,19 +1,17 @@
 package order_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/app"
@@ -175,36 +173,12 @@ func outboxed(t *testing.T, svc *apptest.Service, id uuid.UUID, typ event.Type) 
 	return countRows(t, svc, "SELECT 1 FROM outbox WHERE subject = $1 AND event_type = $2", id.String(), string(typ))
 }
 
-// inboxCount reads onceflow_inbox_events_total for a consumer and outcome
-// from the service's metrics.
-func inboxCount(ctx context.Context, svc *apptest.Service, durable, outcome string) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, svc.BaseURL+"/metrics", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	prefix := fmt.Sprintf("onceflow_inbox_events_total{consumer=%q,outcome=%q} ", durable, outcome)
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), prefix); ok {
-			n, err := strconv.ParseFloat(v, 64)
-			return int(n), err
-		}
-	}
-	return 0, sc.Err()
-}
-
 // awaitDuplicates waits until the consumer durable dropped at least n
 // duplicates.
 func awaitDuplicates(t *testing.T, svc *apptest.Service, durable string, n int) {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		got, err := inboxCount(t.Context(), svc, durable, "duplicate")
-		return err == nil && got >= n
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.GreaterOrEqual(c, svc.InboxCount(c, durable, "duplicate"), n)
 	}, 20*time.Second, 20*time.Millisecond, "%s did not drop %d duplicates", durable, n)
 }
 

@@ -1,0 +1,49 @@
+package apptest
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/require"
+)
+
+// InboxCount returns how many messages the consumer durable settled with
+// outcome ("processed", "duplicate", "retried", "dead_lettered"): the sum of
+// onceflow_inbox_messages_total over event types, read from /metrics. A
+// series exists only once incremented, so a missing one counts 0.
+//
+// t is a require.TestingT so that it also takes the *assert.CollectT of
+// require.EventuallyWithT, whose condition runs off the test's goroutine.
+func (s *Service) InboxCount(t require.TestingT, durable, outcome string) int {
+	if h, ok := t.(interface{ Helper() }); ok {
+		h.Helper()
+	}
+	// Not the test's context: a CollectT has none. The timeout bounds a
+	// scrape of a service that hangs.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.BaseURL+"/metrics", nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "GET /metrics")
+
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err)
+	var n float64
+	for _, m := range families["onceflow_inbox_messages_total"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["consumer"] == durable && labels["outcome"] == outcome {
+			n += m.GetCounter().GetValue()
+		}
+	}
+	return int(n)
+}
