@@ -31,7 +31,7 @@ type Config struct {
 	// runs its own handler in turn (the reference path).
 	ConsumerSetBased bool `env:"CONSUMER_SET_BASED" envDefault:"true"`
 
-	OutboxBatchSize    int           `env:"OUTBOX_BATCH_SIZE" envDefault:"256"`
+	OutboxBatchSize    int           `env:"OUTBOX_BATCH_SIZE" envDefault:"1024"`
 	OutboxPollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"1s"`
 	// Sent outbox rows are kept this long for `outbox redrive`; it must be at
 	// least the stream duplicate window.

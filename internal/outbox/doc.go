@@ -12,6 +12,22 @@
 //   - Cleaner deletes sent rows once they are older than the re-drive window.
 //   - Redrive makes sent rows unsent again so that the relay republishes them.
 //
+// How the relay works: a flush takes the relay lock, a session-level
+// advisory lock, on one pooled connection and keeps it until it is done;
+// every row it marks sent is marked on that session. It works as a pipeline
+// of batches: while the broker acknowledges one batch, a goroutine of the
+// flush publishes the next and the database marks the one before and hands
+// out the one after, so the database's work and the broker's overlap. At
+// most two batches are claimed and not yet marked; a claim leaves them out
+// by id. Batches are marked in the order they were claimed, each once all
+// its acks are in (or up to its first failure).
+//
+// A claim starts at the lowest unsent id, never after the last row claimed.
+// A transaction that inserted a row with a lower id can commit after a claim
+// has gone past that id; the next event of that row's aggregate is written
+// only after that commit (see Enqueue), so any claim that sees the next event
+// sees the late row too, and publishes it first.
+//
 // Guarantees:
 //
 //   - At-least-once publication: a row is marked sent only after JetStream
@@ -22,12 +38,21 @@
 //     time per database (an advisory lock), so events of one aggregate reach
 //     the broker in the order they were written — provided their producer
 //     writes them in that order, which it does by locking the aggregate's row
-//     before enqueueing (see Enqueue). A batch stops publishing at the first
-//     publish that cannot be sent, and the client never resends a publish
-//     behind later ones. One limit remains: when the broker refuses a publish
-//     that it received, the rows behind it are already on their way; they
-//     stay unsent and are published again behind it, but the first copies
-//     may be stored ahead of it.
+//     before enqueueing (see Enqueue). Publishing stops at the first publish
+//     that cannot be sent, and the client never resends a publish behind
+//     later ones. One limit remains: when the broker refuses a publish that
+//     it received, the rows behind it, up to the end of the next batch, are
+//     already on their way; they stay unsent, acknowledged or not, and are
+//     published again behind it, but the first copies may be stored ahead
+//     of it.
+//   - One relay publishes at a time: the lock is held for a whole flush,
+//     and a relay whose connection dies loses it together with the session
+//     on which it marks rows, so it can mark nothing more while another
+//     relay takes over. Its publisher may still send what it had claimed;
+//     the broker and the inbox absorb those copies.
+//   - Shutdown: a flush whose context is canceled claims nothing more but
+//     waits for the acks of the batches in flight and marks them, so that
+//     what was published is also marked sent.
 //   - Re-drive window: a JetStream publish ack is not an fsync (the server
 //     syncs to disk every two minutes by default), so an acknowledged event
 //     can still be lost in a power failure. Sent rows are therefore kept for

@@ -8,7 +8,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/outbox/internal/dbsqlc"
@@ -24,7 +23,9 @@ const tracerName = "github.com/onceflow/onceflow/internal/outbox"
 type RelayObserver interface {
 	// Published is called after each batch that published anything: how
 	// many events the broker acknowledged, the time from the first publish
-	// to the last ack, and the error that cut the batch short, if any.
+	// to the last ack, and the error that cut the batch short, if any. A
+	// batch in flight behind one that failed is cut short by that failure:
+	// none of its events counts as acknowledged.
 	Published(acked int, d time.Duration, err error)
 	// Acked is called for each acknowledged event with its type and its
 	// age at the ack: how long it waited in the outbox.
@@ -64,7 +65,9 @@ func traceEnqueue(ctx context.Context, ev event.Envelope, subject string) (_ eve
 
 // startSend starts the span of publishing row as msg, a child of the span
 // that wrote the row, and puts the span's trace context in msg's header:
-// the consumers' spans are its children.
+// the consumers' spans are its children. A relay without a TracerProvider
+// starts no span, and msg carries the trace context the row was written
+// with, which is what a no-op span would put there.
 func (r *Relay) startSend(ctx context.Context, row dbsqlc.ClaimUnsentRow, msg *nats.Msg) trace.Span {
 	ctx, span := r.tracer.Start(telemetry.ContextWithTraceParent(ctx, row.Traceparent), "send "+row.NatsSubject,
 		trace.WithSpanKind(trace.SpanKindProducer),
@@ -75,23 +78,23 @@ func (r *Relay) startSend(ctx context.Context, row dbsqlc.ClaimUnsentRow, msg *n
 	return span
 }
 
-// observePublish ends the spans of a batch's publishes and reports the
-// batch to the observer: the first acked rows were acknowledged, the rest
-// failed with err.
-func (r *Relay) observePublish(start time.Time, rows []dbsqlc.ClaimUnsentRow, spans []trace.Span, acked int, err error) {
+// observePublish ends the spans of b's publishes, if any, and reports b to
+// the observer: the first acked rows were acknowledged, the rest failed with
+// err.
+func (r *Relay) observePublish(b *batch, acked int, err error) {
 	now := time.Now()
-	for i, span := range spans {
+	for i, span := range b.spans {
 		if i < acked {
 			span.End(trace.WithTimestamp(now))
 		} else {
 			endSpan(span, err)
 		}
 	}
-	for _, row := range rows[:acked] {
+	for _, row := range b.rows[:acked] {
 		r.cfg.Observer.Acked(event.Type(row.EventType), now.Sub(row.EventTime))
 	}
-	if len(spans) > 0 {
-		r.cfg.Observer.Published(acked, now.Sub(start), err)
+	if b.attempted > 0 {
+		r.cfg.Observer.Published(acked, now.Sub(b.start), err)
 	}
 }
 
@@ -112,6 +115,3 @@ func endSpan(span trace.Span, err error) {
 	}
 	span.End()
 }
-
-// noopTracer is the tracer of a relay configured without a provider.
-func noopTracer() trace.Tracer { return noop.NewTracerProvider().Tracer(tracerName) }

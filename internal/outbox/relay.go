@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,15 +25,22 @@ import (
 const DefaultLockKey int64 = 0x6f7574626f78
 
 const (
-	defaultBatchSize      = 256
+	defaultBatchSize      = 1024
 	defaultPollInterval   = time.Second
 	defaultPublishTimeout = 10 * time.Second
 )
 
+// pipelineDepth is how many batches may be published and not yet marked
+// sent at a time: one that the broker is acknowledging while the database
+// marks the one before it and hands out the one after.
+const pipelineDepth = 2
+
 // RelayConfig configures a Relay. Zero values take the defaults.
 type RelayConfig struct {
-	// BatchSize is the most rows one transaction claims and publishes.
-	// Default 256.
+	// BatchSize is the most rows claimed, published and marked sent at a
+	// time; two batches are in flight at most, so twice the batch size
+	// should stay below the JetStream client's limit of pending async
+	// publishes (4000 by default). Default 1024.
 	BatchSize int
 	// PollInterval is how long the relay waits for a notification before it
 	// looks at the outbox anyway: the fallback for a lost NOTIFY and for a
@@ -73,13 +81,17 @@ type Relay struct {
 	cfg     RelayConfig
 	logger  *slog.Logger
 	queries *dbsqlc.Queries
-	tracer  trace.Tracer
+	tracer  trace.Tracer // nil without a TracerProvider
+	// noRetry turns off the client's retry of a publish that no stream
+	// answered: the client would resend the row after the rows behind it,
+	// out of order. The next flush publishes it again, in order.
+	noRetry jetstream.PublishOpt
 
 	// Test hooks, set in export_test.go; nil otherwise.
 	//
-	// afterPublish runs after every ack of a batch came back and before the
-	// rows are marked sent; an error rolls the batch back, as if the relay
-	// had died there.
+	// afterPublish runs after the acks of a batch came back and before the
+	// rows are marked sent; an error leaves the batch, and those behind it,
+	// unmarked, as if the relay had died there.
 	afterPublish func() error
 	// batchDone is called after every batch with what it returned.
 	batchDone func(published int, err error)
@@ -95,7 +107,7 @@ func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg RelayConfig, logge
 	if cfg.Observer == nil {
 		cfg.Observer = nopRelayObserver{}
 	}
-	tracer := noopTracer()
+	var tracer trace.Tracer // nil: the rows' trace context travels as written
 	if cfg.TracerProvider != nil {
 		tracer = cfg.TracerProvider.Tracer(tracerName)
 	}
@@ -106,16 +118,18 @@ func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg RelayConfig, logge
 		logger:  logger.With("component", "outbox-relay"),
 		queries: dbsqlc.New(),
 		tracer:  tracer,
+		noRetry: jetstream.WithRetryAttempts(0),
 	}
 }
 
 // Run relays the outbox until ctx is done, then returns nil. It flushes the
 // outbox whenever a producer's commit is notified and at least every
-// PollInterval. On shutdown it finishes the batch in flight, so that what
+// PollInterval. On shutdown it finishes the batches in flight, so that what
 // was published is also marked sent; the caller may Flush once more after
 // Run returned to publish what is left.
 //
-// Run works in the calling goroutine and starts none of its own.
+// Run works in the calling goroutine; each flush publishes on a goroutine of
+// its own that ends with the flush.
 func (r *Relay) Run(ctx context.Context) error {
 	l := newListener(r.pool, r.logger)
 	defer l.close()
@@ -138,28 +152,30 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // Flush relays every row that is unsent when it is called: it publishes batch
-// after batch until one is short, and returns how many rows it marked sent.
-// It returns early, with ctx's error, when ctx is done; the batch in flight
-// is finished first. Flush publishes nothing and returns 0 while another
+// after batch until none is left, and returns how many rows it marked sent.
+// It returns early, with ctx's error, when ctx is done; the batches in flight
+// are finished first. Flush publishes nothing and returns 0 while another
 // relay holds the lock: that relay is publishing the rows.
 func (r *Relay) Flush(ctx context.Context) (int, error) {
-	total := 0
-	for {
-		if err := ctx.Err(); err != nil {
-			return total, err
-		}
-		claimed, sent, err := r.relayBatch(ctx)
-		if r.batchDone != nil {
-			r.batchDone(sent, err)
-		}
-		total += sent
-		if err != nil {
-			return total, err
-		}
-		if claimed < r.cfg.BatchSize {
-			return total, nil
-		}
+	if err := ctx.Err(); err != nil {
+		return 0, err
 	}
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return 0, r.failed(fmt.Errorf("acquire outbox connection: %w", err))
+	}
+	locked, err := r.queries.TryRelayLock(ctx, conn, r.cfg.LockKey)
+	if err != nil {
+		// Whether the lock was taken is unknown: the session must end.
+		r.closeConn(conn)
+		return 0, r.failed(fmt.Errorf("outbox relay lock: %w", err))
+	}
+	if !locked {
+		conn.Release()
+		return 0, nil // another relay is publishing
+	}
+	defer r.unlock(conn)
+	return r.relay(ctx, conn)
 }
 
 // Lag reports the unsent rows and the age of the oldest, measured on the
@@ -172,116 +188,283 @@ func (r *Relay) Lag(ctx context.Context) (Lag, error) {
 	return Lag{Unsent: row.Unsent, OldestAge: max(row.Now.Sub(row.OldestCreatedAt), 0)}, nil
 }
 
-// relayBatch claims one batch of unsent rows, publishes them and marks sent
-// the rows whose acks came back, in one transaction. It returns how many
-// rows it claimed and how many it marked sent.
-func (r *Relay) relayBatch(ctx context.Context) (claimed, sent int, err error) {
-	// A batch in flight is finished even when ctx is canceled: its messages
-	// may already be in the stream and should be marked sent. The deadline
-	// keeps a hung database from holding up shutdown for ever.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*r.cfg.PublishTimeout)
+// batch is one claim of rows on its way through the relay: published in id
+// order, then, once its acks are in, marked sent.
+type batch struct {
+	rows []dbsqlc.ClaimUnsentRow
+	// published is closed once the publisher is done with the batch; the
+	// fields below are the publisher's until then.
+	published chan struct{}
+	// futures are the acks of rows[:len(futures)], the rows published.
+	futures []jetstream.PubAckFuture
+	// attempted counts the rows handed to the client, published or not.
+	attempted int
+	// spans are the same rows' send spans, when the relay traces.
+	spans []trace.Span
+	// pubErr is why publishing stopped before the end of rows.
+	pubErr error
+	// start is the first publish; deadline the end of the wait for acks.
+	start, deadline time.Time
+}
+
+// relay publishes the outbox batch after batch and marks the batches sent in
+// the order they were claimed, on conn, whose session holds the relay lock.
+// It returns how many rows it marked sent.
+//
+// Up to pipelineDepth batches are claimed and not yet marked at a time, and
+// a goroutine of the flush publishes them, in order: while the database marks
+// one batch and hands out the next, the client publishes and the broker
+// stores the ones in between.
+func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn) (int, error) {
+	// Batches in flight are finished even when ctx is canceled: their
+	// messages may already be in the stream and should be marked sent.
+	work := context.WithoutCancel(ctx)
+	pubCtx, halt := context.WithCancel(work)
+	defer halt()
+	claimed := make(chan *batch, pipelineDepth)
+	var wg sync.WaitGroup
+	wg.Go(func() { r.publishAll(pubCtx, claimed) })
+	defer wg.Wait()
+	defer close(claimed)
+
+	var (
+		inFlight []*batch
+		total    int
+		more     = true // unsent rows may lie beyond the last claim
+		claimErr error
+	)
+	for {
+		for more && len(inFlight) < pipelineDepth && ctx.Err() == nil {
+			rows, err := r.claim(work, conn, inFlight)
+			if err != nil {
+				// Finish what is in flight first: the connection may
+				// still be good enough to mark it.
+				claimErr, more = err, false
+				break
+			}
+			if len(rows) == 0 {
+				more = false
+				break
+			}
+			more = rows[0].More
+			b := &batch{rows: rows, published: make(chan struct{})}
+			inFlight = append(inFlight, b)
+			claimed <- b // never blocks: the channel holds pipelineDepth
+		}
+		if len(inFlight) == 0 {
+			break
+		}
+		b := inFlight[0]
+		inFlight = inFlight[1:]
+		sent, err := r.settle(work, conn, b)
+		total += sent
+		if err != nil {
+			// The rows behind a failure stay unsent, acked or not, and are
+			// published again in order with the same message ids. Halting
+			// the publisher keeps as few of them as possible from going
+			// out ahead of the failed one now.
+			halt()
+			for _, later := range inFlight {
+				<-later.published
+				r.abandon(later, err)
+			}
+			return total, err
+		}
+	}
+	if claimErr != nil {
+		return total, r.failed(claimErr)
+	}
+	if more {
+		return total, ctx.Err() // stopped early by ctx
+	}
+	return total, nil
+}
+
+// claim returns the next batch of unsent rows in id order, leaving out the
+// rows of the batches in flight. Each row tells whether more unsent rows lie
+// beyond the batch.
+func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn, inFlight []*batch) ([]dbsqlc.ClaimUnsentRow, error) {
+	n := 0
+	for _, b := range inFlight {
+		n += len(b.rows)
+	}
+	ids := make([]int64, 0, n)
+	for _, b := range inFlight {
+		for _, row := range b.rows {
+			ids = append(ids, row.ID)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.dbTimeout())
 	defer cancel()
-
-	tx, err := r.pool.Begin(ctx)
+	rows, err := r.queries.ClaimUnsent(ctx, conn, dbsqlc.ClaimUnsentParams{InFlight: ids, BatchSize: int64(r.cfg.BatchSize)})
 	if err != nil {
-		return 0, 0, fmt.Errorf("begin outbox batch: %w", err)
+		return nil, fmt.Errorf("claim outbox rows: %w", err)
 	}
-	// After Commit this is a no-op; after a failure the rollback is what
-	// leaves the rows unsent, and its own error changes nothing: a broken
-	// connection rolls back on the server too.
-	defer func() { _ = tx.Rollback(ctx) }()
+	return rows, nil
+}
 
-	locked, err := r.queries.TryRelayLock(ctx, tx, r.cfg.LockKey)
-	if err != nil {
-		return 0, 0, fmt.Errorf("outbox relay lock: %w", err)
+// publishAll publishes the batches it receives, one after the other, until
+// batches is closed. After a batch that could not be published to its end,
+// it publishes nothing more: a later row of the same aggregate must not
+// reach the stream before the one that could not be sent.
+func (r *Relay) publishAll(ctx context.Context, batches <-chan *batch) {
+	var stopped error
+	for b := range batches {
+		if stopped == nil {
+			r.publish(ctx, b)
+			stopped = b.pubErr
+		} else {
+			b.pubErr = fmt.Errorf("not published, behind a failed publish: %w", stopped)
+		}
+		close(b.published)
 	}
-	if !locked {
-		return 0, 0, nil // another relay is publishing
-	}
-	rows, err := r.queries.ClaimUnsent(ctx, tx, int32(r.cfg.BatchSize))
-	if err != nil {
-		return 0, 0, fmt.Errorf("claim outbox rows: %w", err)
-	}
-	if len(rows) == 0 {
-		return 0, 0, nil
-	}
+}
 
-	acked, pubErr := r.publish(ctx, rows)
-	if r.afterPublish != nil && acked > 0 {
-		if err := r.afterPublish(); err != nil {
-			return len(rows), 0, err
+// publish publishes the rows of b in order without waiting for their acks.
+// It stops at the first row that cannot be sent, and when ctx is done.
+func (r *Relay) publish(ctx context.Context, b *batch) {
+	b.start = time.Now()
+	b.deadline = b.start.Add(r.cfg.PublishTimeout)
+	b.futures = make([]jetstream.PubAckFuture, 0, len(b.rows))
+	if r.tracer != nil {
+		b.spans = make([]trace.Span, 0, len(b.rows))
+	}
+	for _, row := range b.rows {
+		if ctx.Err() != nil {
+			b.pubErr = fmt.Errorf("publish event %s: halted", row.EventID)
+			return
+		}
+		msg, err := message(row)
+		if err != nil {
+			b.pubErr = err
+			return
+		}
+		if r.tracer != nil {
+			b.spans = append(b.spans, r.startSend(ctx, row, msg))
+		}
+		b.attempted++
+		f, err := r.js.PublishMsgAsync(msg, r.noRetry)
+		if err != nil {
+			b.pubErr = fmt.Errorf("publish event %s: %w", row.EventID, err)
+			return
+		}
+		b.futures = append(b.futures, f)
+	}
+}
+
+// settle waits for the acks of b and marks sent the rows before the first
+// that was not acknowledged. It returns how many rows it marked, and the
+// error that cut the batch short.
+func (r *Relay) settle(ctx context.Context, conn *pgxpool.Conn, b *batch) (int, error) {
+	<-b.published
+	acked, err := r.await(ctx, b)
+	r.observePublish(b, acked, err)
+	if acked > 0 && r.afterPublish != nil {
+		if herr := r.afterPublish(); herr != nil {
+			return 0, r.failed(herr)
 		}
 	}
 	if acked > 0 {
-		ids := make([]int64, acked)
-		for i, row := range rows[:acked] {
-			ids[i] = row.ID
-		}
-		if err := r.queries.MarkSent(ctx, tx, ids); err != nil {
-			return len(rows), 0, fmt.Errorf("mark outbox rows sent: %w", err)
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return len(rows), 0, fmt.Errorf("commit outbox batch: %w", err)
+		if merr := r.mark(ctx, conn, b.rows[:acked]); merr != nil {
+			return 0, r.failed(merr)
 		}
 	}
-	return len(rows), acked, pubErr
+	if r.batchDone != nil {
+		r.batchDone(acked, err)
+	}
+	return acked, err
 }
 
-// publish publishes rows in order and waits for their acks. It returns the
-// length of the prefix of rows that were all acknowledged, and the error of
-// the first row that was not. Rows after that one may be in the stream, but
-// they are published again with the same message id on the next batch.
-func (r *Relay) publish(ctx context.Context, rows []dbsqlc.ClaimUnsentRow) (acked int, err error) {
-	futures := make([]jetstream.PubAckFuture, 0, len(rows))
-	spans := make([]trace.Span, 0, len(rows))
-	defer func(start time.Time) { r.observePublish(start, rows, spans, acked, err) }(time.Now())
-	var pubErr error
-	for _, row := range rows {
-		msg, err := message(row)
-		if err != nil {
-			pubErr = err
-			break
-		}
-		spans = append(spans, r.startSend(ctx, row, msg))
-		// No client-side retry when no stream answers: the client would
-		// resend this row after the rows behind it, out of order. The next
-		// batch publishes it again, in order.
-		f, err := r.js.PublishMsgAsync(msg, jetstream.WithMsgID(row.EventID.String()), jetstream.WithRetryAttempts(0))
-		if err != nil {
-			// Stop here: a later row of the same aggregate must not reach
-			// the stream before this one.
-			pubErr = fmt.Errorf("publish event %s: %w", row.EventID, err)
-			break
-		}
-		futures = append(futures, f)
-	}
-
-	timeout := time.NewTimer(r.cfg.PublishTimeout)
+// await waits for the acks of b in order. It returns the length of the
+// prefix of rows that were all acknowledged, and the error of the first row
+// that was not. Rows after that one may be in the stream, but they are
+// published again with the same message id.
+func (r *Relay) await(ctx context.Context, b *batch) (acked int, err error) {
+	timeout := time.NewTimer(time.Until(b.deadline))
 	defer timeout.Stop()
 	duplicates := 0
-	for i, f := range futures {
+	for i, f := range b.futures {
 		select {
 		case ack := <-f.Ok():
 			if ack.Duplicate {
 				duplicates++
 			}
 		case err := <-f.Err():
-			return i, fmt.Errorf("publish event %s: %w", rows[i].EventID, err)
+			return i, fmt.Errorf("publish event %s: %w", b.rows[i].EventID, err)
 		case <-timeout.C:
-			return i, fmt.Errorf("publish event %s: no ack within %s", rows[i].EventID, r.cfg.PublishTimeout)
-		case <-ctx.Done():
-			return i, fmt.Errorf("publish event %s: %w", rows[i].EventID, ctx.Err())
+			return i, fmt.Errorf("publish event %s: no ack within %s", b.rows[i].EventID, r.cfg.PublishTimeout)
 		}
 	}
-	if len(futures) > 0 {
-		r.logger.DebugContext(ctx, "outbox batch published", "events", len(futures), "duplicates", duplicates)
+	if len(b.futures) > 0 {
+		r.logger.DebugContext(ctx, "outbox batch published", "events", len(b.futures), "duplicates", duplicates)
 	}
-	return len(futures), pubErr
+	return len(b.futures), b.pubErr
 }
 
-// message is the NATS message of an outbox row. The subject is the one the
-// row was written with, so that the subject an event travels on is decided
-// once, at Enqueue.
+// mark marks rows sent, on the session that holds the relay lock.
+func (r *Relay) mark(ctx context.Context, conn *pgxpool.Conn, rows []dbsqlc.ClaimUnsentRow) error {
+	ids := make([]int64, len(rows))
+	for i, row := range rows {
+		ids[i] = row.ID
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.dbTimeout())
+	defer cancel()
+	err := r.queries.MarkSent(ctx, conn, dbsqlc.MarkSentParams{FirstID: ids[0], LastID: ids[len(ids)-1], Ids: ids})
+	if err != nil {
+		return fmt.Errorf("mark outbox rows sent: %w", err)
+	}
+	return nil
+}
+
+// abandon gives up a batch in flight behind a batch that failed with cause:
+// none of its rows is marked sent, whether or not its acks came back.
+func (r *Relay) abandon(b *batch, cause error) {
+	err := fmt.Errorf("behind a failed publish: %w", cause)
+	r.observePublish(b, 0, err)
+	if r.batchDone != nil {
+		r.batchDone(0, err)
+	}
+}
+
+// failed reports err, which cut a flush short without marking anything, to
+// the test hook, and returns it.
+func (r *Relay) failed(err error) error {
+	if r.batchDone != nil {
+		r.batchDone(0, err)
+	}
+	return err
+}
+
+// dbTimeout bounds each statement of a flush, so that a hung database does
+// not hold up shutdown for ever.
+func (r *Relay) dbTimeout() time.Duration { return 2 * r.cfg.PublishTimeout }
+
+// unlock releases the relay lock and hands conn back to the pool. A
+// connection that may still hold the lock is closed instead: back in the
+// pool, idle, it would keep the other relays of the database standing by.
+func (r *Relay) unlock(conn *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	if _, err := r.queries.ReleaseRelayLock(ctx, conn, r.cfg.LockKey); err != nil {
+		r.logger.Debug("release outbox relay lock; closing its connection", "error", err)
+		r.closeConn(conn)
+		return
+	}
+	conn.Release()
+}
+
+// closeConn takes conn out of the pool and closes it, which ends its
+// session and every lock the session held.
+func (r *Relay) closeConn(conn *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	_ = conn.Hijack().Close(ctx) // the server ends the session either way
+}
+
+// message is the NATS message of an outbox row. Its Nats-Msg-Id is the
+// event id (see event.Envelope.Msg), which the broker deduplicates on. The
+// subject is the one the row was written with, so that the subject an event
+// travels on is decided once, at Enqueue.
 func message(row dbsqlc.ClaimUnsentRow) (*nats.Msg, error) {
 	env := event.Envelope{
 		ID:          row.EventID,

@@ -362,40 +362,55 @@ func TestPublishFailureMarksNothingAndRunKeepsGoing(t *testing.T) {
 
 func TestPublishFailureMarksOnlyThePrefixSent(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	f := setup(t)
-	// ORDERS only: the payment event in the middle finds no stream.
-	_, err := f.js.CreateStream(ctx, jetstream.StreamConfig{
-		Name:       streams.Orders,
-		Subjects:   []string{"orders.>"},
-		Duplicates: 2 * time.Minute,
-	})
-	require.NoError(t, err)
-	first := newEvent(t, event.OrderPlaced, "order-1", 1)
-	failing := newEvent(t, event.PaymentDebited, "order-1", 2)
-	after := newEvent(t, event.OrderPlaced, "order-2", 1)
-	enqueue(t, f.db.Pool, first, failing, after)
+	// One batch of three; and batches of one, where the failing row's
+	// batch is settled while the batch behind it is already in flight.
+	for _, batchSize := range []int{0, 1} {
+		t.Run(fmt.Sprintf("batch size %d", batchSize), func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			f := setup(t)
+			// ORDERS only: the payment event in the middle finds no stream.
+			_, err := f.js.CreateStream(ctx, jetstream.StreamConfig{
+				Name:       streams.Orders,
+				Subjects:   []string{"orders.>"},
+				Duplicates: 2 * time.Minute,
+			})
+			require.NoError(t, err)
+			first := newEvent(t, event.OrderPlaced, "order-1", 1)
+			failing := newEvent(t, event.PaymentDebited, "order-1", 2)
+			after := newEvent(t, event.OrderPlaced, "order-2", 1)
+			enqueue(t, f.db.Pool, first, failing, after)
 
-	r := f.relay(outbox.RelayConfig{})
-	n, err := r.Flush(ctx)
-	require.ErrorIs(t, err, jetstream.ErrNoStreamResponse)
-	require.Equal(t, 1, n)
-	rows, err := f.db.Pool.Query(ctx, "SELECT event_id::text FROM outbox WHERE sent_at IS NOT NULL")
-	require.NoError(t, err)
-	sent, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	require.Equal(t, []string{first.ID.String()}, sent, "only the rows before the failure")
-	// The row after the failure was published all the same…
-	require.Len(t, streamMsgs(t, f.js, streams.Orders), 2)
+			r := f.relay(outbox.RelayConfig{BatchSize: batchSize})
+			n, err := r.Flush(ctx)
+			require.ErrorIs(t, err, jetstream.ErrNoStreamResponse)
+			require.Equal(t, 1, n)
+			require.Equal(t, []string{first.ID.String()}, sentEventIDs(t, f.db), "only the rows before the failure")
+			if batchSize == 0 {
+				// The row after the failure was published all the same…
+				require.Len(t, streamMsgs(t, f.js, streams.Orders), 2)
+			} // …in the next batch, it may or may not have been.
 
-	f.provision(t, 0)
-	n, err = r.Flush(ctx)
+			f.provision(t, 0)
+			n, err = r.Flush(ctx)
+			require.NoError(t, err)
+			require.Equal(t, 2, n)
+			requireLag(t, r, 0)
+			// …and its republication was dropped by the broker.
+			require.Len(t, streamMsgs(t, f.js, streams.Orders), 2)
+			require.Len(t, streamMsgs(t, f.js, streams.Payments), 1)
+		})
+	}
+}
+
+// sentEventIDs returns the event ids of the rows marked sent, in id order.
+func sentEventIDs(t *testing.T, db *testenv.Database) []string {
+	t.Helper()
+	rows, err := db.Pool.Query(t.Context(), "SELECT event_id::text FROM outbox WHERE sent_at IS NOT NULL ORDER BY id")
 	require.NoError(t, err)
-	require.Equal(t, 2, n)
-	requireLag(t, r, 0)
-	// …and its republication was dropped by the broker.
-	require.Len(t, streamMsgs(t, f.js, streams.Orders), 2)
-	require.Len(t, streamMsgs(t, f.js, streams.Payments), 1)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return ids
 }
 
 func TestLag(t *testing.T) {
@@ -466,4 +481,208 @@ func TestRunFinishesTheBatchInFlight(t *testing.T) {
 	require.NoError(t, r.Run(ctx))
 	requireLag(t, r, 0)
 	require.Len(t, streamMsgs(t, f.js, streams.Orders), events)
+}
+
+// A transaction can commit an outbox row after the relay has claimed rows
+// with higher ids. The next event of that row's aggregate is written after
+// the commit; it must not be published before the late row.
+func TestLateCommitGoesOutBeforeItsAggregatesNextEvent(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := setup(t)
+	f.provision(t, 0)
+
+	late, err := f.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = late.Rollback(ctx) }()
+	lateFirst := newEvent(t, event.OrderPlaced, "order-late", 1)
+	require.NoError(t, outbox.Enqueue(ctx, late, lateFirst)) // the lowest id, not yet committed
+	others := make([]event.Envelope, 6)
+	for i := range others {
+		others[i] = newEvent(t, event.OrderPlaced, fmt.Sprintf("order-%d", i), 1)
+	}
+	enqueue(t, f.db.Pool, others...)
+	lateSecond := newEvent(t, event.OrderPlaced, "order-late", 2)
+
+	// Batches of two: when the first is acknowledged, the second is in
+	// flight and the claims have gone past the late row's id.
+	r := f.relay(outbox.RelayConfig{BatchSize: 2})
+	committed := false
+	outbox.SetAfterPublish(r, func() error {
+		if !committed {
+			committed = true
+			// As a producer that locks the aggregate would: the next
+			// event is written once the first is committed.
+			require.NoError(t, late.Commit(ctx))
+			enqueue(t, f.db.Pool, lateSecond)
+		}
+		return nil
+	})
+	n, err := r.Flush(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 8, n, "every row marked once, by this flush")
+	requireLag(t, r, 0)
+
+	msgs := streamMsgs(t, f.js, streams.Orders)
+	require.Len(t, msgs, 8)
+	var lateIDs []string
+	for _, m := range msgs {
+		if m.Header.Get(event.HeaderSubject) == "order-late" {
+			lateIDs = append(lateIDs, m.Header.Get(event.HeaderID))
+		}
+	}
+	require.Equal(t, []string{lateFirst.ID.String(), lateSecond.ID.String()}, lateIDs)
+}
+
+// A batch is a window of ids; ids burned by rolled-back transactions leave
+// windows short, and the flush goes on past them.
+func TestFlushCrossesIDGaps(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := setup(t)
+	f.provision(t, 0)
+	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 1))
+	tx, err := f.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	for i := range 10 {
+		require.NoError(t, outbox.Enqueue(ctx, tx, newEvent(t, event.OrderPlaced, "order-2", i+1)))
+	}
+	require.NoError(t, tx.Rollback(ctx))
+	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-3", 1))
+
+	r := f.relay(outbox.RelayConfig{BatchSize: 2})
+	n, err := r.Flush(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	requireLag(t, r, 0)
+	require.Len(t, streamMsgs(t, f.js, streams.Orders), 2)
+}
+
+// relayLockHolders returns the backends that hold an advisory lock in the
+// test's database.
+func relayLockHolders(t *testing.T, db *testenv.Database) []int32 {
+	t.Helper()
+	rows, err := db.Pool.Query(t.Context(), `
+		SELECT pid FROM pg_locks
+		WHERE locktype = 'advisory' AND granted
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`)
+	require.NoError(t, err)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	return pids
+}
+
+func TestFlushHoldsTheRelayLock(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := setup(t)
+	f.provision(t, 0)
+	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 1))
+
+	// A relay that holds the lock for a transaction, as relays used to,
+	// keeps a flush out all the same.
+	tx, err := f.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	var locked bool
+	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", outbox.DefaultLockKey).Scan(&locked))
+	require.True(t, locked)
+	n, err := f.relay(outbox.RelayConfig{}).Flush(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "another relay holds the lock")
+	require.Len(t, streamMsgs(t, f.js, streams.Orders), 0)
+	require.NoError(t, tx.Rollback(ctx))
+
+	// A flush holds the lock while it runs and releases it when it ends,
+	// whether it succeeded or failed: a pooled connection that kept it
+	// would keep every other relay standing by.
+	var holders []int32
+	r := f.relay(outbox.RelayConfig{})
+	outbox.SetAfterPublish(r, func() error {
+		holders = relayLockHolders(t, f.db)
+		return nil
+	})
+	n, err = r.Flush(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Len(t, holders, 1)
+	require.Empty(t, relayLockHolders(t, f.db))
+
+	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 2))
+	errDied := errors.New("relay died")
+	dying := f.relay(outbox.RelayConfig{})
+	outbox.SetAfterPublish(dying, func() error { return errDied })
+	_, err = dying.Flush(ctx)
+	require.ErrorIs(t, err, errDied)
+	require.Empty(t, relayLockHolders(t, f.db))
+}
+
+// A relay whose session ends (and with it the lock) marks nothing more;
+// another relay takes over.
+func TestRelayThatLosesItsConnectionMarksNothing(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := setup(t)
+	f.provision(t, 0)
+	evs := make([]event.Envelope, 4)
+	for i := range evs {
+		evs[i] = newEvent(t, event.OrderPlaced, "order-1", i+1)
+	}
+	enqueue(t, f.db.Pool, evs...)
+
+	// Batches of two: the second is in flight when the session ends.
+	r := f.relay(outbox.RelayConfig{BatchSize: 2})
+	terminated := false
+	outbox.SetAfterPublish(r, func() error {
+		if !terminated {
+			terminated = true
+			pids := relayLockHolders(t, f.db)
+			require.Len(t, pids, 1)
+			terminateBackend(t, f.db, pids[0])
+		}
+		return nil
+	})
+	n, err := r.Flush(ctx)
+	require.Error(t, err)
+	require.Zero(t, n, "marked after its session ended")
+	require.Empty(t, sentEventIDs(t, f.db))
+	require.Empty(t, relayLockHolders(t, f.db))
+
+	n, err = f.relay(outbox.RelayConfig{}).Flush(ctx)
+	require.NoError(t, err)
+	require.Equal(t, len(evs), n)
+	msgs := streamMsgs(t, f.js, streams.Orders)
+	require.Len(t, msgs, len(evs), "the broker dropped the republished events")
+	for i, m := range msgs {
+		require.Equal(t, evs[i].ID.String(), m.Header.Get(event.HeaderID))
+	}
+}
+
+// With batches of one, the batch behind the one being marked is in flight
+// too when Run's context is canceled: both are marked sent, and nothing else
+// is published.
+func TestRunFinishesEveryBatchInFlight(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.provision(t, 0)
+	const events = 3
+	for i := range events {
+		enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", i+1))
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	r := f.relay(outbox.RelayConfig{PollInterval: time.Minute, BatchSize: 1})
+	outbox.SetAfterPublish(r, func() error {
+		cancel()
+		return nil
+	})
+	require.NoError(t, r.Run(ctx))
+	msgs := streamMsgs(t, f.js, streams.Orders)
+	require.Len(t, msgs, 2)
+	var published []string
+	for _, m := range msgs {
+		published = append(published, m.Header.Get(event.HeaderID))
+	}
+	require.Equal(t, published, sentEventIDs(t, f.db), "what was published is marked sent")
+	requireLag(t, r, events-2)
 }

@@ -4,23 +4,58 @@ VALUES (@event_id, @event_type, @source, @subject, @nats_subject, @event_time, @
 
 -- name: TryRelayLock :one
 -- One relay at a time publishes a database's outbox, so that events of one
--- aggregate reach the broker in the order they were written. The lock is
--- released with the claiming transaction; another relay takes over at once
--- if this one dies.
-SELECT pg_try_advisory_xact_lock(@lock_key::bigint);
+-- aggregate reach the broker in the order they were written. A relay holds
+-- the lock on its session for the length of a flush and marks rows sent on
+-- that session only, so a relay whose connection dies loses the lock and
+-- can mark nothing more; another relay takes over at once. Session and
+-- transaction locks on one key exclude each other, so a relay that takes
+-- it with pg_try_advisory_xact_lock is kept out as well.
+SELECT pg_try_advisory_lock(@lock_key::bigint);
+
+-- name: ReleaseRelayLock :one
+SELECT pg_advisory_unlock(@lock_key::bigint);
 
 -- name: ClaimUnsent :many
-SELECT id, event_id, event_type, source, subject, nats_subject, event_time, data, traceparent
-FROM outbox
-WHERE sent_at IS NULL
-ORDER BY id
-LIMIT @max_rows
-FOR UPDATE SKIP LOCKED;
+-- The next batch: the unsent rows in id order from the lowest, leaving out
+-- those in flight (published, not yet marked sent), within a window of
+-- @batch_size ids; more tells whether unsent rows lie beyond the window.
+--
+-- The scan starts at the lowest unsent id, not after the last row claimed:
+-- a row that commits late with a lower id must still go out before any
+-- later event of its aggregate, which was written after it committed and so
+-- is seen, in one statement, only together with it.
+--
+-- Both ends are index probes and the window a range of the partial index,
+-- so the cost is that of a batch whatever the backlog and whatever the
+-- planner believes of it (stale statistics of a growing outbox make an
+-- ORDER BY id LIMIT read and sort every unsent row).
+--
+-- No row locks: the relay lock keeps other relays out, and neither the
+-- cleaner nor redrive writes unsent rows.
+WITH bounds AS MATERIALIZED (
+    SELECT
+        first.id AS lo,
+        (SELECT min(id) FROM outbox WHERE sent_at IS NULL AND id >= first.id + @batch_size::bigint) IS NOT NULL AS more
+    FROM (
+        SELECT min(id) AS id FROM outbox
+        WHERE sent_at IS NULL AND id NOT IN (SELECT unnest(@in_flight::bigint[]))
+    ) AS first
+)
+SELECT o.id, o.event_id, o.event_type, o.source, o.subject, o.nats_subject, o.event_time, o.data, o.traceparent, bounds.more::boolean AS more
+FROM bounds
+JOIN outbox o ON o.id >= bounds.lo AND o.id < bounds.lo + @batch_size::bigint
+WHERE o.sent_at IS NULL
+  AND o.id NOT IN (SELECT unnest(@in_flight::bigint[]))
+ORDER BY o.id;
 
 -- name: MarkSent :exec
--- clock_timestamp(), not now(): now() is when the claiming transaction began,
--- before the publish, and the re-drive window is counted from the ack.
-UPDATE outbox SET sent_at = clock_timestamp() WHERE id = ANY(@ids::bigint[]);
+-- clock_timestamp(), not now(): the re-drive window is counted from the ack.
+-- @ids are ascending; the range bounds the scan to the primary key range of
+-- the batch, whatever the table's statistics make of the array. Rows in the
+-- range but not in @ids (committed after the claim) are left alone.
+UPDATE outbox SET sent_at = clock_timestamp()
+WHERE id BETWEEN @first_id::bigint AND @last_id::bigint
+  AND id = ANY(@ids::bigint[]);
 
 -- name: UnsentLag :one
 SELECT

@@ -14,13 +14,27 @@ import (
 )
 
 const claimUnsent = `-- name: ClaimUnsent :many
-SELECT id, event_id, event_type, source, subject, nats_subject, event_time, data, traceparent
-FROM outbox
-WHERE sent_at IS NULL
-ORDER BY id
-LIMIT $1
-FOR UPDATE SKIP LOCKED
+WITH bounds AS MATERIALIZED (
+    SELECT
+        first.id AS lo,
+        (SELECT min(id) FROM outbox WHERE sent_at IS NULL AND id >= first.id + $1::bigint) IS NOT NULL AS more
+    FROM (
+        SELECT min(id) AS id FROM outbox
+        WHERE sent_at IS NULL AND id NOT IN (SELECT unnest($2::bigint[]))
+    ) AS first
+)
+SELECT o.id, o.event_id, o.event_type, o.source, o.subject, o.nats_subject, o.event_time, o.data, o.traceparent, bounds.more::boolean AS more
+FROM bounds
+JOIN outbox o ON o.id >= bounds.lo AND o.id < bounds.lo + $1::bigint
+WHERE o.sent_at IS NULL
+  AND o.id NOT IN (SELECT unnest($2::bigint[]))
+ORDER BY o.id
 `
+
+type ClaimUnsentParams struct {
+	BatchSize int64
+	InFlight  []int64
+}
 
 type ClaimUnsentRow struct {
 	ID          int64
@@ -32,10 +46,27 @@ type ClaimUnsentRow struct {
 	EventTime   time.Time
 	Data        []byte
 	Traceparent string
+	More        bool
 }
 
-func (q *Queries) ClaimUnsent(ctx context.Context, db DBTX, maxRows int32) ([]ClaimUnsentRow, error) {
-	rows, err := db.Query(ctx, claimUnsent, maxRows)
+// The next batch: the unsent rows in id order from the lowest, leaving out
+// those in flight (published, not yet marked sent), within a window of
+// @batch_size ids; more tells whether unsent rows lie beyond the window.
+//
+// The scan starts at the lowest unsent id, not after the last row claimed:
+// a row that commits late with a lower id must still go out before any
+// later event of its aggregate, which was written after it committed and so
+// is seen, in one statement, only together with it.
+//
+// Both ends are index probes and the window a range of the partial index,
+// so the cost is that of a batch whatever the backlog and whatever the
+// planner believes of it (stale statistics of a growing outbox make an
+// ORDER BY id LIMIT read and sort every unsent row).
+//
+// No row locks: the relay lock keeps other relays out, and neither the
+// cleaner nor redrive writes unsent rows.
+func (q *Queries) ClaimUnsent(ctx context.Context, db DBTX, arg ClaimUnsentParams) ([]ClaimUnsentRow, error) {
+	rows, err := db.Query(ctx, claimUnsent, arg.BatchSize, arg.InFlight)
 	if err != nil {
 		return nil, err
 	}
@@ -53,6 +84,7 @@ func (q *Queries) ClaimUnsent(ctx context.Context, db DBTX, maxRows int32) ([]Cl
 			&i.EventTime,
 			&i.Data,
 			&i.Traceparent,
+			&i.More,
 		); err != nil {
 			return nil, err
 		}
@@ -169,13 +201,23 @@ func (q *Queries) InsertEvents(ctx context.Context, db DBTX, arg InsertEventsPar
 }
 
 const markSent = `-- name: MarkSent :exec
-UPDATE outbox SET sent_at = clock_timestamp() WHERE id = ANY($1::bigint[])
+UPDATE outbox SET sent_at = clock_timestamp()
+WHERE id BETWEEN $1::bigint AND $2::bigint
+  AND id = ANY($3::bigint[])
 `
 
-// clock_timestamp(), not now(): now() is when the claiming transaction began,
-// before the publish, and the re-drive window is counted from the ack.
-func (q *Queries) MarkSent(ctx context.Context, db DBTX, ids []int64) error {
-	_, err := db.Exec(ctx, markSent, ids)
+type MarkSentParams struct {
+	FirstID int64
+	LastID  int64
+	Ids     []int64
+}
+
+// clock_timestamp(), not now(): the re-drive window is counted from the ack.
+// @ids are ascending; the range bounds the scan to the primary key range of
+// the batch, whatever the table's statistics make of the array. Rows in the
+// range but not in @ids (committed after the claim) are left alone.
+func (q *Queries) MarkSent(ctx context.Context, db DBTX, arg MarkSentParams) error {
+	_, err := db.Exec(ctx, markSent, arg.FirstID, arg.LastID, arg.Ids)
 	return err
 }
 
@@ -194,19 +236,33 @@ func (q *Queries) Redrive(ctx context.Context, db DBTX, since time.Time) (int64,
 	return result.RowsAffected(), nil
 }
 
+const releaseRelayLock = `-- name: ReleaseRelayLock :one
+SELECT pg_advisory_unlock($1::bigint)
+`
+
+func (q *Queries) ReleaseRelayLock(ctx context.Context, db DBTX, lockKey int64) (bool, error) {
+	row := db.QueryRow(ctx, releaseRelayLock, lockKey)
+	var pg_advisory_unlock bool
+	err := row.Scan(&pg_advisory_unlock)
+	return pg_advisory_unlock, err
+}
+
 const tryRelayLock = `-- name: TryRelayLock :one
-SELECT pg_try_advisory_xact_lock($1::bigint)
+SELECT pg_try_advisory_lock($1::bigint)
 `
 
 // One relay at a time publishes a database's outbox, so that events of one
-// aggregate reach the broker in the order they were written. The lock is
-// released with the claiming transaction; another relay takes over at once
-// if this one dies.
+// aggregate reach the broker in the order they were written. A relay holds
+// the lock on its session for the length of a flush and marks rows sent on
+// that session only, so a relay whose connection dies loses the lock and
+// can mark nothing more; another relay takes over at once. Session and
+// transaction locks on one key exclude each other, so a relay that takes
+// it with pg_try_advisory_xact_lock is kept out as well.
 func (q *Queries) TryRelayLock(ctx context.Context, db DBTX, lockKey int64) (bool, error) {
 	row := db.QueryRow(ctx, tryRelayLock, lockKey)
-	var pg_try_advisory_xact_lock bool
-	err := row.Scan(&pg_try_advisory_xact_lock)
-	return pg_try_advisory_xact_lock, err
+	var pg_try_advisory_lock bool
+	err := row.Scan(&pg_try_advisory_lock)
+	return pg_try_advisory_lock, err
 }
 
 const unsentLag = `-- name: UnsentLag :one
