@@ -8,7 +8,8 @@
 //     published inside a request.
 //   - Relay publishes committed rows to JetStream with Nats-Msg-Id = event id,
 //     waits for the acks, and only then marks the rows sent. It is woken by
-//     LISTEN/NOTIFY and polls as well, because a notification can be lost.
+//     LISTEN/NOTIFY when it sleeps and polls as well, because a notification
+//     can be lost.
 //   - Cleaner deletes sent rows once they are older than the re-drive window.
 //   - Redrive makes sent rows unsent again so that the relay republishes them.
 //
@@ -21,6 +22,18 @@
 // most two batches are claimed and not yet marked; a claim leaves them out
 // by id. Batches are marked in the order they were claimed, each once all
 // its acks are in (or up to its first failure).
+//
+// Waking the relay: a commit that notifies takes a lock that every other
+// notifying commit of the cluster waits for, so commits notify only while the
+// relay sleeps. A relay that found nothing to publish takes the sleep lock,
+// an advisory lock on its LISTEN session, which the outbox trigger takes
+// shared until its commit: the relay gets it only once no commit that
+// inserted rows is in progress, flushes once more to publish what those
+// committed, and waits; while it holds the lock, the trigger cannot take it
+// and the commit notifies. A relay that is busy looks again as soon as a
+// flush ends, and one that cannot get the lock (commits in progress) looks
+// again within milliseconds. A standby relay does not sleep this way: it
+// learns that the publishing relay is gone by polling.
 //
 // A claim starts at the lowest unsent id, never after the last row claimed.
 // A transaction that inserted a row with a lower id can commit after a claim

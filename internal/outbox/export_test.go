@@ -11,3 +11,10 @@ func SetAfterPublish(r *Relay, f func() error) { r.afterPublish = f }
 // SetBatchDone makes r call f after every batch with the number of rows it
 // marked sent and its error. Call it before r is used.
 func SetBatchDone(r *Relay, f func(published int, err error)) { r.batchDone = f }
+
+// SleepLockKey and NotifyChannel are the relay's side of the outbox
+// trigger's protocol.
+const (
+	SleepLockKey  = sleepLockKey
+	NotifyChannel = notifyChannel
+)

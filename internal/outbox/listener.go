@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/internal/outbox/internal/dbsqlc"
 )
 
 const (
@@ -16,6 +18,11 @@ const (
 	// listenApplicationName names the relay's LISTEN session in
 	// pg_stat_activity.
 	listenApplicationName = "onceflow-outbox-relay"
+	// sleepLockKey is the advisory lock a relay holds on its LISTEN session
+	// while it sleeps: the outbox trigger notifies only when it cannot take
+	// it shared (see the platform migration that defines the trigger).
+	// "outbox_w" in ASCII.
+	sleepLockKey int64 = 0x6f7574626f785f77
 
 	connectTimeout = 10 * time.Second
 	closeTimeout   = 5 * time.Second
@@ -38,6 +45,7 @@ type listener struct {
 	logger *slog.Logger
 
 	conn        *pgx.Conn     // nil while not listening
+	asleep      bool          // conn's session holds the sleep lock
 	nextAttempt time.Time     // earliest next connection attempt
 	delay       time.Duration // after the next failed attempt
 	broken      bool          // the last session broke or could not start
@@ -120,7 +128,7 @@ func (l *listener) receive(ctx context.Context, deadline time.Time) bool {
 	}
 	l.logger.WarnContext(ctx, "outbox LISTEN session lost; polling meanwhile", "error", err)
 	l.closeConn(l.conn)
-	l.conn, l.broken, l.nextAttempt = nil, true, time.Now()
+	l.conn, l.broken, l.nextAttempt, l.asleep = nil, true, time.Now(), false
 	return false
 }
 
@@ -135,6 +143,58 @@ func (l *listener) drain(ctx context.Context) {
 			// A session that broke meanwhile is noticed by the next receive.
 			return
 		}
+	}
+}
+
+// sleepState is what became of an attempt to take the sleep lock.
+type sleepState int
+
+const (
+	asleep    sleepState = iota // the lock is held: commits notify
+	inFlight                    // commits in progress hold it shared
+	sleepless                   // no session to hold it on
+)
+
+// sleep tries to take the sleep lock, after which every commit that inserts
+// outbox rows notifies. While commits in progress hold it shared it cannot
+// be had (inFlight): they do not notify, and their rows are only seen by
+// looking again once they committed. It does not wait for them, so that a
+// long transaction cannot hold up the relay.
+func (l *listener) sleep(ctx context.Context) sleepState {
+	if l.conn == nil {
+		return sleepless
+	}
+	locked, err := dbsqlc.New().TrySleepLock(ctx, l.conn, sleepLockKey)
+	if err != nil {
+		if ctx.Err() == nil {
+			l.logger.WarnContext(ctx, "outbox LISTEN session lost; polling meanwhile", "error", err)
+		}
+		// Whether the lock was taken is unknown: the session must end.
+		l.closeConn(l.conn)
+		l.conn, l.broken, l.nextAttempt = nil, true, time.Now()
+		return sleepless
+	}
+	if !locked {
+		return inFlight
+	}
+	l.asleep = true
+	return asleep
+}
+
+// wake releases the sleep lock: commits stop notifying while the relay
+// works.
+func (l *listener) wake(ctx context.Context) {
+	if !l.asleep || l.conn == nil {
+		l.asleep = false
+		return
+	}
+	l.asleep = false
+	if _, err := dbsqlc.New().ReleaseSleepLock(context.WithoutCancel(ctx), l.conn, sleepLockKey); err != nil {
+		// Held on, the lock would make every commit notify: end the
+		// session, which releases it.
+		l.logger.WarnContext(ctx, "outbox LISTEN session lost; polling meanwhile", "error", err)
+		l.closeConn(l.conn)
+		l.conn, l.broken, l.nextAttempt = nil, true, time.Now()
 	}
 }
 

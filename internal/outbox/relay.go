@@ -24,6 +24,13 @@ import (
 // database.
 const DefaultLockKey int64 = 0x6f7574626f78
 
+// The pause of a relay that found nothing to publish while commits were in
+// progress doubles from the first to the last.
+const (
+	minBusyPause = time.Millisecond
+	maxBusyPause = 16 * time.Millisecond
+)
+
 const (
 	defaultBatchSize      = 1024
 	defaultPollInterval   = time.Second
@@ -134,20 +141,45 @@ func (r *Relay) Run(ctx context.Context) error {
 	l := newListener(r.pool, r.logger)
 	defer l.close()
 	l.connect(ctx) // before the first flush, so that no commit goes unnoticed
+	pause := minBusyPause
 	for {
-		_, err := r.Flush(ctx)
-		if ctx.Err() != nil {
+		sent, locked, err := r.flush(ctx)
+		switch {
+		case ctx.Err() != nil:
 			return nil
-		}
-		if err != nil {
+		case err != nil:
 			// Pause for a whole interval instead of trying again at the
 			// next commit: a broker or database that fails is not helped
 			// by a batch per commit.
 			r.logger.WarnContext(ctx, "relay outbox", "error", err, "retry_in", r.cfg.PollInterval)
 			l.wait(ctx, r.cfg.PollInterval, false)
-			continue
+		case !locked:
+			// Another relay publishes. Commits do not notify while it
+			// works, so only the poll notices when it is gone.
+			l.wait(ctx, r.cfg.PollInterval, true)
+		case sent > 0:
+			// Busy: look again at once. Commits do not notify meanwhile.
+			pause = minBusyPause
+		default:
+			switch l.sleep(ctx) {
+			case sleepless:
+				l.wait(ctx, r.cfg.PollInterval, true)
+			case inFlight:
+				// Producers are committing and will not notify: look
+				// again shortly, later each time in a row this happens
+				// (a long transaction must not make the relay spin).
+				l.wait(ctx, pause, true)
+				pause = min(2*pause, maxBusyPause, r.cfg.PollInterval)
+			case asleep:
+				// Commits notify from now on; those that held the lock
+				// before have committed, and a flush sees their rows.
+				pause = minBusyPause
+				if sent, _, err := r.flush(ctx); sent == 0 && err == nil {
+					l.wait(ctx, r.cfg.PollInterval, true)
+				}
+				l.wake(ctx)
+			}
 		}
-		l.wait(ctx, r.cfg.PollInterval, true)
 	}
 }
 
@@ -157,25 +189,32 @@ func (r *Relay) Run(ctx context.Context) error {
 // are finished first. Flush publishes nothing and returns 0 while another
 // relay holds the lock: that relay is publishing the rows.
 func (r *Relay) Flush(ctx context.Context) (int, error) {
+	sent, _, err := r.flush(ctx)
+	return sent, err
+}
+
+// flush is Flush that also reports whether it held the relay lock.
+func (r *Relay) flush(ctx context.Context) (sent int, locked bool, err error) {
 	if err := ctx.Err(); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return 0, r.failed(fmt.Errorf("acquire outbox connection: %w", err))
+		return 0, false, r.failed(fmt.Errorf("acquire outbox connection: %w", err))
 	}
-	locked, err := r.queries.TryRelayLock(ctx, conn, r.cfg.LockKey)
+	locked, err = r.queries.TryRelayLock(ctx, conn, r.cfg.LockKey)
 	if err != nil {
 		// Whether the lock was taken is unknown: the session must end.
 		r.closeConn(conn)
-		return 0, r.failed(fmt.Errorf("outbox relay lock: %w", err))
+		return 0, false, r.failed(fmt.Errorf("outbox relay lock: %w", err))
 	}
 	if !locked {
 		conn.Release()
-		return 0, nil // another relay is publishing
+		return 0, false, nil // another relay is publishing
 	}
 	defer r.unlock(conn)
-	return r.relay(ctx, conn)
+	sent, err = r.relay(ctx, conn)
+	return sent, true, err
 }
 
 // Lag reports the unsent rows and the age of the oldest, measured on the

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -32,7 +33,7 @@ func awaitListener(t *testing.T, db *testenv.Database, notPid int32) int32 {
 		err := db.Pool.QueryRow(t.Context(), `
 			SELECT pid FROM pg_stat_activity
 			WHERE datname = current_database() AND application_name = $1
-			  AND state = 'idle' AND query LIKE 'LISTEN %' AND pid <> $2`,
+			  AND state = 'idle' AND pid <> $2`,
 			outbox.ListenApplicationName, notPid).Scan(&pid)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false
@@ -68,6 +69,77 @@ func TestNotifyWakesRelay(t *testing.T) {
 	}
 	slices.Sort(latencies)
 	t.Logf("commit to stream over %d events: p50 %s, max %s", events, latencies[events/2], latencies[events-1])
+}
+
+// TestCommitsNotifyOnlyWhileTheRelaySleeps is the trigger's side of the
+// wake-up protocol: a commit that inserts outbox rows notifies while a
+// session holds the sleep lock, and not otherwise.
+func TestCommitsNotifyOnlyWhileTheRelaySleeps(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := setup(t)
+	listen, err := pgx.Connect(ctx, f.db.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = listen.Close(context.Background()) })
+	_, err = listen.Exec(ctx, "LISTEN "+outbox.NotifyChannel)
+	require.NoError(t, err)
+	notified := func() bool {
+		waitCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		_, err := listen.WaitForNotification(waitCtx)
+		return err == nil
+	}
+
+	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 1))
+	require.False(t, notified(), "a commit notified while no relay sleeps")
+
+	sleeper, err := f.db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer sleeper.Release()
+	_, err = sleeper.Exec(ctx, "SELECT pg_advisory_lock($1)", outbox.SleepLockKey)
+	require.NoError(t, err)
+	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 2))
+	require.True(t, notified(), "a commit did not notify the sleeping relay")
+
+	_, err = sleeper.Exec(ctx, "SELECT pg_advisory_unlock($1)", outbox.SleepLockKey)
+	require.NoError(t, err)
+	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 3))
+	require.False(t, notified(), "a commit notified after the relay woke")
+}
+
+// TestNoCommitWaitsForThePoll races producers against a relay that keeps
+// going to sleep and waking up: with a poll interval of a minute, every row
+// must still go out within moments of its commit, by the busy loop or by a
+// notification; a commit that slipped between the two would wait a minute.
+func TestNoCommitWaitsForThePoll(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.provision(t, 0)
+	run(t, f.relay(outbox.RelayConfig{PollInterval: time.Minute}))
+	awaitListener(t, f.db, 0)
+
+	const producers, perProducer = 4, 50
+	var wg sync.WaitGroup
+	for p := range producers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(p), 1))
+			for i := range perProducer {
+				ev := newEvent(t, event.OrderPlaced, fmt.Sprintf("order-%d", p), i+1)
+				// Transactions of varying length, with pauses between, so
+				// that commits land in every phase of the relay's loop.
+				tx, err := f.db.Pool.Begin(t.Context())
+				require.NoError(t, err)
+				require.NoError(t, outbox.Enqueue(t.Context(), tx, ev))
+				time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+				require.NoError(t, tx.Commit(t.Context()))
+				time.Sleep(time.Duration(rng.IntN(5000)) * time.Microsecond)
+			}
+		})
+	}
+	wg.Wait()
+	// Far less than the poll interval: only a lost wake-up takes longer.
+	latency := awaitMsgs(t, f.js, streams.Orders, producers*perProducer, 5*time.Second)
+	t.Logf("last of %d racing commits in the stream %s after the last commit", producers*perProducer, latency)
 }
 
 func TestLostNotificationIsCoveredByPolling(t *testing.T) {

@@ -104,3 +104,12 @@ FROM (
         generate_series(1, cardinality(@event_ids::uuid[])) AS ord
 ) AS e
 ORDER BY e.ord;
+
+-- name: TrySleepLock :one
+-- Taken by a relay about to sleep, on its LISTEN session, once no commit in
+-- progress holds it shared (see the outbox_notify trigger); while it is
+-- held, every commit that inserts rows notifies.
+SELECT pg_try_advisory_lock(@sleep_key::bigint);
+
+-- name: ReleaseSleepLock :one
+SELECT pg_advisory_unlock(@sleep_key::bigint);

@@ -247,6 +247,17 @@ func (q *Queries) ReleaseRelayLock(ctx context.Context, db DBTX, lockKey int64) 
 	return pg_advisory_unlock, err
 }
 
+const releaseSleepLock = `-- name: ReleaseSleepLock :one
+SELECT pg_advisory_unlock($1::bigint)
+`
+
+func (q *Queries) ReleaseSleepLock(ctx context.Context, db DBTX, sleepKey int64) (bool, error) {
+	row := db.QueryRow(ctx, releaseSleepLock, sleepKey)
+	var pg_advisory_unlock bool
+	err := row.Scan(&pg_advisory_unlock)
+	return pg_advisory_unlock, err
+}
+
 const tryRelayLock = `-- name: TryRelayLock :one
 SELECT pg_try_advisory_lock($1::bigint)
 `
@@ -260,6 +271,20 @@ SELECT pg_try_advisory_lock($1::bigint)
 // it with pg_try_advisory_xact_lock is kept out as well.
 func (q *Queries) TryRelayLock(ctx context.Context, db DBTX, lockKey int64) (bool, error) {
 	row := db.QueryRow(ctx, tryRelayLock, lockKey)
+	var pg_try_advisory_lock bool
+	err := row.Scan(&pg_try_advisory_lock)
+	return pg_try_advisory_lock, err
+}
+
+const trySleepLock = `-- name: TrySleepLock :one
+SELECT pg_try_advisory_lock($1::bigint)
+`
+
+// Taken by a relay about to sleep, on its LISTEN session, once no commit in
+// progress holds it shared (see the outbox_notify trigger); while it is
+// held, every commit that inserts rows notifies.
+func (q *Queries) TrySleepLock(ctx context.Context, db DBTX, sleepKey int64) (bool, error) {
+	row := db.QueryRow(ctx, trySleepLock, sleepKey)
 	var pg_try_advisory_lock bool
 	err := row.Scan(&pg_try_advisory_lock)
 	return pg_try_advisory_lock, err
