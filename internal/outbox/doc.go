@@ -13,9 +13,10 @@
 //   - Cleaner deletes sent rows once they are older than the re-drive window.
 //   - Redrive makes sent rows unsent again so that the relay republishes them.
 //
-// How the relay works: a flush takes the relay lock, a session-level
-// advisory lock, on one pooled connection and keeps it until it is done;
-// every row it marks sent is marked on that session. It works as a pipeline
+// How the relay works: the relay lock is a session-level advisory lock on
+// one pooled connection. Run takes it and keeps it for as long as it
+// publishes (a Flush called on its own, for as long as the flush); every
+// row is marked sent on that session. It works as a pipeline
 // of batches: while the broker acknowledges one batch, a goroutine of the
 // flush publishes the next and the database marks the one before and hands
 // out the one after, so the database's work and the broker's overlap. At
@@ -58,7 +59,7 @@
 //     already on their way; they stay unsent, acknowledged or not, and are
 //     published again behind it, but the first copies may be stored ahead
 //     of it.
-//   - One relay publishes at a time: the lock is held for a whole flush,
+//   - One relay publishes at a time: the lock is held while Run publishes,
 //     and a relay whose connection dies loses it together with the session
 //     on which it marks rows, so it can mark nothing more while another
 //     relay takes over. Its publisher may still send what it had claimed;

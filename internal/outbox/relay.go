@@ -141,9 +141,31 @@ func (r *Relay) Run(ctx context.Context) error {
 	l := newListener(r.pool, r.logger)
 	defer l.close()
 	l.connect(ctx) // before the first flush, so that no commit goes unnoticed
+	// lead holds the relay lock for as long as this relay publishes: taking
+	// and releasing it around every flush would cost two round trips each.
+	// It is let go on an error (the connection may be what failed) and when
+	// Run returns; a standby relay takes over when its session ends.
+	var lead *pgxpool.Conn
+	defer func() {
+		if lead != nil {
+			r.unlock(lead)
+		}
+	}()
+	flush := func() (sent int, locked bool, err error) {
+		if lead == nil {
+			if lead, err = r.lead(ctx); lead == nil {
+				return 0, false, err
+			}
+		}
+		if sent, err = r.relay(ctx, lead); err != nil {
+			r.unlock(lead)
+			lead = nil
+		}
+		return sent, true, err
+	}
 	pause := minBusyPause
 	for {
-		sent, locked, err := r.flush(ctx)
+		sent, locked, err := flush()
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -174,7 +196,7 @@ func (r *Relay) Run(ctx context.Context) error {
 				// Commits notify from now on; those that held the lock
 				// before have committed, and a flush sees their rows.
 				pause = minBusyPause
-				if sent, _, err := r.flush(ctx); sent == 0 && err == nil {
+				if sent, _, err := flush(); sent == 0 && err == nil {
 					l.wait(ctx, r.cfg.PollInterval, true)
 				}
 				l.wake(ctx)
@@ -195,26 +217,37 @@ func (r *Relay) Flush(ctx context.Context) (int, error) {
 
 // flush is Flush that also reports whether it held the relay lock.
 func (r *Relay) flush(ctx context.Context) (sent int, locked bool, err error) {
-	if err := ctx.Err(); err != nil {
+	conn, err := r.lead(ctx)
+	if conn == nil {
 		return 0, false, err
-	}
-	conn, err := r.pool.Acquire(ctx)
-	if err != nil {
-		return 0, false, r.failed(fmt.Errorf("acquire outbox connection: %w", err))
-	}
-	locked, err = r.queries.TryRelayLock(ctx, conn, r.cfg.LockKey)
-	if err != nil {
-		// Whether the lock was taken is unknown: the session must end.
-		r.closeConn(conn)
-		return 0, false, r.failed(fmt.Errorf("outbox relay lock: %w", err))
-	}
-	if !locked {
-		conn.Release()
-		return 0, false, nil // another relay is publishing
 	}
 	defer r.unlock(conn)
 	sent, err = r.relay(ctx, conn)
 	return sent, true, err
+}
+
+// lead returns a pooled connection whose session holds the relay lock, or
+// nil when another relay holds it (and err is nil) or on an error. The
+// caller hands it back with unlock.
+func (r *Relay) lead(ctx context.Context) (*pgxpool.Conn, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return nil, r.failed(fmt.Errorf("acquire outbox connection: %w", err))
+	}
+	locked, err := r.queries.TryRelayLock(ctx, conn, r.cfg.LockKey)
+	if err != nil {
+		// Whether the lock was taken is unknown: the session must end.
+		r.closeConn(conn)
+		return nil, r.failed(fmt.Errorf("outbox relay lock: %w", err))
+	}
+	if !locked {
+		conn.Release()
+		return nil, nil // another relay is publishing
+	}
+	return conn, nil
 }
 
 // Lag reports the unsent rows and the age of the oldest, measured on the

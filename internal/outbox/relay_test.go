@@ -151,9 +151,10 @@ func TestLostNotificationIsCoveredByPolling(t *testing.T) {
 	run(t, f.relay(outbox.RelayConfig{PollInterval: poll}))
 	pid := awaitListener(t, f.db, 0)
 
-	// Open a few pooled connections now: while the database refuses new
-	// connections, the relay's batches and this test use these.
-	conns := make([]*pgxpool.Conn, 4)
+	// Open the pool's connections now: while the database refuses new
+	// connections, this test uses these. The relay holds one of its own,
+	// with the relay lock, from its first flush on.
+	conns := make([]*pgxpool.Conn, f.db.Pool.Config().MaxConns-1)
 	for i := range conns {
 		c, err := f.db.Pool.Acquire(ctx)
 		require.NoError(t, err)

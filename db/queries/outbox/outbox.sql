@@ -5,8 +5,8 @@ VALUES (@event_id, @event_type, @source, @subject, @nats_subject, @event_time, @
 -- name: TryRelayLock :one
 -- One relay at a time publishes a database's outbox, so that events of one
 -- aggregate reach the broker in the order they were written. A relay holds
--- the lock on its session for the length of a flush and marks rows sent on
--- that session only, so a relay whose connection dies loses the lock and
+-- the lock on its session while it publishes and marks rows sent on that
+-- session only, so a relay whose connection dies loses the lock and
 -- can mark nothing more; another relay takes over at once. Session and
 -- transaction locks on one key exclude each other, so a relay that takes
 -- it with pg_try_advisory_xact_lock is kept out as well.
