@@ -13,6 +13,9 @@
 # DURATION   how long each loadgen run places orders (default 1m)
 # RATE       the fixed rate of the latency run (default 300/s)
 # OUT        where the JSON results and histograms go (default bench/e2e-out)
+# CUSTOMERS, SKUS   seeded by loadgen (default 200 each: enough that wallets
+#            and stock rows are not a handful of hot rows, and that a
+#            backlog stays within the order lists loadgen follows)
 # Extra environment (CONSUMER_WORKERS, …) reaches the services through dev.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +24,8 @@ syncs=${SYNC:-interval durable}
 duration=${DURATION:-1m}
 rate=${RATE:-300/s}
 out=${OUT:-bench/e2e-out}
+customers=${CUSTOMERS:-200}
+skus=${SKUS:-200}
 mkdir -p "$out"
 bin=$(mktemp -d)/onceflow
 trap 'kill "${dev:-}" 2>/dev/null || true; wait 2>/dev/null || true' EXIT
@@ -28,30 +33,33 @@ trap 'kill "${dev:-}" 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 echo "hardware: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 go build -o "$bin" ./cmd/onceflow
 
+# A fresh `onceflow dev` for every run, so that no run inherits the backlog
+# of the one before.
 for sync in $syncs; do
-	# Fixed ports keep loadgen's defaults; 0 would need them passed on.
 	flags=(--http-port 18080 --nats-port 14222)
 	if [[ $sync == durable ]]; then
 		flags+=(--durable)
 	else
 		flags+=(--nats-sync interval)
 	fi
-	LOG_LEVEL=warn "$bin" dev "${flags[@]}" >"$out/dev-$sync.log" 2>&1 &
-	dev=$!
-	for _ in $(seq 120); do
-		"$bin" healthcheck http://127.0.0.1:18083/readyz >/dev/null 2>&1 && break
-		sleep 0.5
-	done
-	urls=(--order-url http://127.0.0.1:18080 --payment-url http://127.0.0.1:18081 --inventory-url http://127.0.0.1:18082)
 	for run in "max:0" "fixed:$rate"; do
 		name=${run%%:*} r=${run#*:}
+		LOG_LEVEL=warn "$bin" dev "${flags[@]}" >"$out/dev-$sync-$name.log" 2>&1 &
+		dev=$!
+		for _ in $(seq 120); do
+			"$bin" healthcheck http://127.0.0.1:18083/readyz >/dev/null 2>&1 && break
+			sleep 0.5
+		done
+		urls=(--order-url http://127.0.0.1:18080 --payment-url http://127.0.0.1:18081 --inventory-url http://127.0.0.1:18082)
 		echo
 		echo "== $sync, rate ${r/#0/as fast as possible}, $duration"
-		echo "   $bin loadgen --rate $r --duration $duration ${urls[*]}"
-		"$bin" loadgen --rate "$r" --duration "$duration" "${urls[@]}" \
-			--json "$out/$sync-$name.json" --histogram "$out/$sync-$name.svg" 2>/dev/null
+		echo "   onceflow loadgen --rate $r --duration $duration --customers $customers --skus $skus"
+		# A run that leaves orders unfinished exits non-zero; its figures
+		# are printed all the same, and the next run goes on.
+		"$bin" loadgen --rate "$r" --duration "$duration" --customers "$customers" --skus "$skus" "${urls[@]}" \
+			--json "$out/$sync-$name.json" --histogram "$out/$sync-$name.svg" 2>/dev/null || true
+		kill -INT "$dev"
+		wait "$dev" || true
+		dev=
 	done
-	kill -INT "$dev"
-	wait "$dev" || true
-	dev=
 done
