@@ -2,6 +2,7 @@ package apptest
 
 import (
 	"context"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -10,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/app"
+	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/inbox"
 )
 
 // PerEvent configures a service to run every event of a batch under its own
@@ -60,4 +63,39 @@ func Rows(t *testing.T, pool *pgxpool.Pool, query string) [][]any {
 	}
 	require.NoError(t, rows.Err())
 	return all
+}
+
+// RandomBatches splits evs, in order, into batches of 1 to 40 events.
+func RandomBatches(rng *rand.Rand, evs []event.Envelope) [][]event.Envelope {
+	var batches [][]event.Envelope
+	for rest := evs; len(rest) > 0; {
+		batch := rest[:1+rng.IntN(min(len(rest), 40))]
+		rest = rest[len(batch):]
+		batches = append(batches, batch)
+	}
+	return batches
+}
+
+// ApplyBothForms applies the events of batches one by one with perEvent on
+// ref, and batch by batch with batch on set, one transaction each: the two
+// forms of a handler, whose databases the caller then compares.
+func ApplyBothForms(t *testing.T, ref, set *pgxpool.Pool, batches [][]event.Envelope, perEvent inbox.Handler, batch inbox.BatchHandler) {
+	t.Helper()
+	for _, evs := range batches {
+		for _, ev := range evs {
+			InTx(t, ref, func(ctx context.Context, tx pgx.Tx) error { return perEvent(ctx, tx, ev) })
+		}
+		InTx(t, set, func(ctx context.Context, tx pgx.Tx) error { return batch(ctx, tx, evs) })
+	}
+}
+
+// RequireSameRows requires every query to return the same rows, and some,
+// on ref and on set.
+func RequireSameRows(t *testing.T, ref, set *pgxpool.Pool, queries ...string) {
+	t.Helper()
+	for _, q := range queries {
+		want := Rows(t, ref, q)
+		require.NotEmpty(t, want, q)
+		require.Equal(t, want, Rows(t, set, q), q)
+	}
 }

@@ -126,10 +126,18 @@ func (l *listener) receive(ctx context.Context, deadline time.Time) bool {
 	case waitCtx.Err() != nil && !l.conn.IsClosed():
 		return false // the deadline passed, or ctx is done
 	}
-	l.logger.WarnContext(ctx, "outbox LISTEN session lost; polling meanwhile", "error", err)
+	l.lost(ctx, err)
+	return false
+}
+
+// lost ends a session that failed, with every lock it held, and schedules
+// its replacement at once; the relay polls meanwhile.
+func (l *listener) lost(ctx context.Context, err error) {
+	if ctx.Err() == nil {
+		l.logger.WarnContext(ctx, "outbox LISTEN session lost; polling meanwhile", "error", err)
+	}
 	l.closeConn(l.conn)
 	l.conn, l.broken, l.nextAttempt, l.asleep = nil, true, time.Now(), false
-	return false
 }
 
 // drain reads the notifications that are already on the wire. One flush
@@ -166,12 +174,8 @@ func (l *listener) sleep(ctx context.Context) sleepState {
 	}
 	locked, err := dbsqlc.New().TrySleepLock(ctx, l.conn, sleepLockKey)
 	if err != nil {
-		if ctx.Err() == nil {
-			l.logger.WarnContext(ctx, "outbox LISTEN session lost; polling meanwhile", "error", err)
-		}
 		// Whether the lock was taken is unknown: the session must end.
-		l.closeConn(l.conn)
-		l.conn, l.broken, l.nextAttempt = nil, true, time.Now()
+		l.lost(ctx, err)
 		return sleepless
 	}
 	if !locked {
@@ -192,9 +196,7 @@ func (l *listener) wake(ctx context.Context) {
 	if _, err := dbsqlc.New().ReleaseSleepLock(context.WithoutCancel(ctx), l.conn, sleepLockKey); err != nil {
 		// Held on, the lock would make every commit notify: end the
 		// session, which releases it.
-		l.logger.WarnContext(ctx, "outbox LISTEN session lost; polling meanwhile", "error", err)
-		l.closeConn(l.conn)
-		l.conn, l.broken, l.nextAttempt = nil, true, time.Now()
+		l.lost(ctx, err)
 	}
 }
 

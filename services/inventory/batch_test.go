@@ -1,14 +1,12 @@
 package inventory_test
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
@@ -45,28 +43,16 @@ func TestPaymentDebitedBatchEqualsEventByEvent(t *testing.T) {
 			}
 			evs := randomDebits(t, rng, 300)
 
-			refSvc, setSvc := inventory.New(ref.Pool), inventory.New(set.Pool)
-			for _, ev := range evs {
-				apptest.InTx(t, ref.Pool, func(ctx context.Context, tx pgx.Tx) error { return refSvc.HandlePaymentDebited(ctx, tx, ev) })
-			}
-			for rest := evs; len(rest) > 0; {
-				batch := rest[:1+rng.IntN(min(len(rest), 40))]
-				rest = rest[len(batch):]
-				apptest.InTx(t, set.Pool, func(ctx context.Context, tx pgx.Tx) error { return setSvc.HandlePaymentDebitedBatch(ctx, tx, batch) })
-			}
-
-			for _, q := range []string{
+			apptest.ApplyBothForms(t, ref.Pool, set.Pool, apptest.RandomBatches(rng, evs),
+				inventory.New(ref.Pool).HandlePaymentDebited, inventory.New(set.Pool).HandlePaymentDebitedBatch)
+			apptest.RequireSameRows(t, ref.Pool, set.Pool,
 				`SELECT sku, available FROM stock ORDER BY sku`,
 				`SELECT order_id, status, reason FROM reservations ORDER BY order_id`,
 				`SELECT order_id, sku, quantity FROM reservation_lines ORDER BY order_id, sku`,
 				// Emitted events get fresh ids and times; everything else,
 				// their order included, must match.
 				`SELECT event_type, source, subject, nats_subject, data, traceparent FROM outbox ORDER BY id`,
-			} {
-				want := apptest.Rows(t, ref.Pool, q)
-				require.NotEmpty(t, want, q)
-				require.Equal(t, want, apptest.Rows(t, set.Pool, q), q)
-			}
+			)
 			var reserved, rejected int
 			require.NoError(t, ref.Pool.QueryRow(t.Context(),
 				`SELECT count(*) FILTER (WHERE status = 'RESERVED'), count(*) FILTER (WHERE status = 'REJECTED') FROM reservations`).

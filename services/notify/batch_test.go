@@ -45,15 +45,8 @@ func TestOrderMilestoneBatchEqualsEventByEvent(t *testing.T) {
 			ref, set := testenv.NewDatabase(t, schema), testenv.NewDatabase(t, schema)
 			evs := randomMilestones(t, rng, 300)
 
-			refSvc, setSvc := notify.New(ref.Pool), notify.New(set.Pool)
-			for _, ev := range evs {
-				apptest.InTx(t, ref.Pool, func(ctx context.Context, tx pgx.Tx) error { return refSvc.HandleOrderMilestone(ctx, tx, ev) })
-			}
-			for rest := evs; len(rest) > 0; {
-				batch := rest[:1+rng.IntN(min(len(rest), 40))]
-				rest = rest[len(batch):]
-				apptest.InTx(t, set.Pool, func(ctx context.Context, tx pgx.Tx) error { return setSvc.HandleOrderMilestoneBatch(ctx, tx, batch) })
-			}
+			apptest.ApplyBothForms(t, ref.Pool, set.Pool, apptest.RandomBatches(rng, evs),
+				notify.New(ref.Pool).HandleOrderMilestone, notify.New(set.Pool).HandleOrderMilestoneBatch)
 
 			want := apptest.Rows(t, ref.Pool, notificationsQuery)
 			require.Equal(t, want, apptest.Rows(t, set.Pool, notificationsQuery))

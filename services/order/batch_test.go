@@ -41,11 +41,7 @@ var effectQueries = []string{
 // orders, timelines and emitted events.
 func requireSameEffect(t *testing.T, ref, set *pgxpool.Pool) {
 	t.Helper()
-	for _, q := range effectQueries {
-		want := apptest.Rows(t, ref, q)
-		require.NotEmpty(t, want, q)
-		require.Equal(t, want, apptest.Rows(t, set, q), q)
-	}
+	apptest.RequireSameRows(t, ref, set, effectQueries...)
 }
 
 // seedOrders inserts n PENDING orders like place's into each of pools, with
@@ -90,13 +86,11 @@ func handlerOf(s *order.Service, typ event.Type) inbox.Handler {
 // handlers, one transaction each, on ref, and requires the same effect.
 func requireBatchEqualsEventByEvent(t *testing.T, ref, set *pgxpool.Pool, batches [][]event.Envelope) {
 	t.Helper()
-	refSvc, setSvc := order.New(ref), order.New(set)
-	for _, batch := range batches {
-		for _, ev := range batch {
-			apptest.InTx(t, ref, func(ctx context.Context, tx pgx.Tx) error { return handlerOf(refSvc, ev.Type)(ctx, tx, ev) })
-		}
-		apptest.InTx(t, set, func(ctx context.Context, tx pgx.Tx) error { return setSvc.HandleBatch(ctx, tx, batch) })
+	refSvc := order.New(ref)
+	perEvent := func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		return handlerOf(refSvc, ev.Type)(ctx, tx, ev)
 	}
+	apptest.ApplyBothForms(t, ref, set, batches, perEvent, order.New(set).HandleBatch)
 	requireSameEffect(t, ref, set)
 }
 
@@ -193,13 +187,7 @@ func TestBatchEqualsEventByEvent(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 0x5eed))
 			ref, set := newDatabase(t), newDatabase(t)
 			evs := randomSagas(rng, seedOrders(t, 30, ref, set))
-			var batches [][]event.Envelope
-			for rest := evs; len(rest) > 0; {
-				batch := rest[:1+rng.IntN(min(len(rest), 40))]
-				rest = rest[len(batch):]
-				batches = append(batches, batch)
-			}
-			requireBatchEqualsEventByEvent(t, ref, set, batches)
+			requireBatchEqualsEventByEvent(t, ref, set, apptest.RandomBatches(rng, evs))
 
 			var statuses []string
 			for _, row := range apptest.Rows(t, set, `SELECT DISTINCT status FROM orders ORDER BY status`) {

@@ -1,7 +1,6 @@
 package payment_test
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -9,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -47,27 +45,15 @@ func TestOrderPlacedBatchEqualsEventByEvent(t *testing.T) {
 			}
 			evs := randomOrders(t, rng, 300)
 
-			refSvc, setSvc := payment.New(ref.Pool), payment.New(set.Pool)
-			for _, ev := range evs {
-				apptest.InTx(t, ref.Pool, func(ctx context.Context, tx pgx.Tx) error { return refSvc.HandleOrderPlaced(ctx, tx, ev) })
-			}
-			for rest := evs; len(rest) > 0; {
-				batch := rest[:1+rng.IntN(min(len(rest), 40))]
-				rest = rest[len(batch):]
-				apptest.InTx(t, set.Pool, func(ctx context.Context, tx pgx.Tx) error { return setSvc.HandleOrderPlacedBatch(ctx, tx, batch) })
-			}
-
-			for _, q := range []string{
+			apptest.ApplyBothForms(t, ref.Pool, set.Pool, apptest.RandomBatches(rng, evs),
+				payment.New(ref.Pool).HandleOrderPlaced, payment.New(set.Pool).HandleOrderPlacedBatch)
+			apptest.RequireSameRows(t, ref.Pool, set.Pool,
 				`SELECT customer_id, balance_cents FROM wallets ORDER BY customer_id`,
 				`SELECT order_id, customer_id, amount_cents, status, reason FROM payments ORDER BY order_id`,
 				// Emitted events get fresh ids and times; everything else,
 				// their order included, must match.
 				`SELECT event_type, source, subject, nats_subject, data, traceparent FROM outbox ORDER BY id`,
-			} {
-				want := apptest.Rows(t, ref.Pool, q)
-				require.NotEmpty(t, want, q)
-				require.Equal(t, want, apptest.Rows(t, set.Pool, q), q)
-			}
+			)
 			var debited, rejected int
 			require.NoError(t, ref.Pool.QueryRow(t.Context(),
 				`SELECT count(*) FILTER (WHERE status = 'DEBITED'), count(*) FILTER (WHERE status = 'REJECTED') FROM payments`).
