@@ -27,8 +27,9 @@ out=${OUT:-bench/e2e-out}
 customers=${CUSTOMERS:-200}
 skus=${SKUS:-200}
 mkdir -p "$out"
-bin=$(mktemp -d)/onceflow
-trap 'kill "${dev:-}" 2>/dev/null || true; wait 2>/dev/null || true' EXIT
+tmp=$(mktemp -d)
+bin=$tmp/onceflow
+trap 'kill "${dev:-}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"' EXIT
 
 echo "hardware: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 go build -o "$bin" ./cmd/onceflow
