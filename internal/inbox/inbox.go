@@ -197,6 +197,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return fmt.Errorf("inbox config: %w", err)
 	}
 	cons, err := c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Durable)
+	if ctx.Err() != nil {
+		return nil // stopped before it started: nothing fetched, nothing to finish
+	}
 	if err != nil {
 		return fmt.Errorf("look up consumer %s on stream %s: %w", c.cfg.Durable, c.cfg.Stream, err)
 	}

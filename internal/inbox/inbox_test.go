@@ -442,6 +442,16 @@ func TestRunFailsWithoutTheDurable(t *testing.T) {
 	require.ErrorIs(t, err, jetstream.ErrConsumerNotFound)
 }
 
+// A service stopped while it starts must stop cleanly, not fail.
+func TestRunStoppedBeforeItStartsReturnsNil(t *testing.T) {
+	t.Parallel()
+	e := setup(t, streams.Consumer{})
+	c := inbox.New(e.db.Pool, e.js, inbox.Config{Stream: testStream, Durable: "missing"}, writeEffect, e.logger)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	require.NoError(t, c.Run(ctx))
+}
+
 func TestPermanent(t *testing.T) {
 	t.Parallel()
 	base := errors.New("no such wallet")
