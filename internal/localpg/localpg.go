@@ -171,6 +171,11 @@ func (c *Cluster) serverArgs(cfg Config) []string {
 		"-c", "max_connections=" + strconv.Itoa(cmp.Or(cfg.MaxConnections, defaultMaxConnections)),
 		// Log to stderr, which goes to server.log.
 		"-c", "logging_collector=off",
+		// A local cluster starts empty. A prepared statement keeps the
+		// plan made while its table was tiny (a sequential scan) until the
+		// table is analyzed, which by default waits up to a minute: the
+		// whole of a short benchmark, and millions of rows read per second.
+		"-c", "autovacuum_naptime=1s",
 	}
 	if !cfg.Durable {
 		args = append(args,
