@@ -12,12 +12,21 @@ import (
 
 // InboxCount returns how many messages the consumer durable settled with
 // outcome ("processed", "duplicate", "retried", "dead_lettered"): the sum of
-// onceflow_inbox_messages_total over event types, read from /metrics. A
-// series exists only once incremented, so a missing one counts 0.
+// onceflow_inbox_messages_total over event types, read from /metrics.
+func (s *Service) InboxCount(t require.TestingT, durable, outcome string) int {
+	if h, ok := t.(interface{ Helper() }); ok {
+		h.Helper()
+	}
+	return int(s.Metric(t, "onceflow_inbox_messages_total", map[string]string{"consumer": durable, "outcome": outcome}))
+}
+
+// Metric returns the sum of the series of the counter or gauge name whose
+// labels include labels, read from /metrics. A series exists only once
+// set, so a missing one counts 0.
 //
 // t is a require.TestingT so that it also takes the *assert.CollectT of
 // require.EventuallyWithT, whose condition runs off the test's goroutine.
-func (s *Service) InboxCount(t require.TestingT, durable, outcome string) int {
+func (s *Service) Metric(t require.TestingT, name string, labels map[string]string) float64 {
 	if h, ok := t.(interface{ Helper() }); ok {
 		h.Helper()
 	}
@@ -36,14 +45,18 @@ func (s *Service) InboxCount(t require.TestingT, durable, outcome string) int {
 	families, err := parser.TextToMetricFamilies(resp.Body)
 	require.NoError(t, err)
 	var n float64
-	for _, m := range families["onceflow_inbox_messages_total"].GetMetric() {
-		labels := map[string]string{}
+series:
+	for _, m := range families[name].GetMetric() {
+		have := map[string]string{}
 		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = l.GetValue()
+			have[l.GetName()] = l.GetValue()
 		}
-		if labels["consumer"] == durable && labels["outcome"] == outcome {
-			n += m.GetCounter().GetValue()
+		for k, v := range labels {
+			if have[k] != v {
+				continue series
+			}
 		}
+		n += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 	}
-	return int(n)
+	return n
 }

@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/labstack/echo/v4"
 )
@@ -18,6 +21,9 @@ type Problem struct {
 	Title  string `json:"title"`
 	Status int    `json:"status"`
 	Detail string `json:"detail,omitempty"`
+	// RetryAfter, when positive, is sent as the Retry-After header: when
+	// the client may try again.
+	RetryAfter time.Duration `json:"-"`
 }
 
 func (p *Problem) Error() string { return fmt.Sprintf("%d %s: %s", p.Status, p.Title, p.Detail) }
@@ -42,6 +48,14 @@ func NotFound(format string, args ...any) *Problem {
 	return NewProblem(http.StatusNotFound, format, args...)
 }
 
+// Unavailable is a 503 problem: the service refuses the request for now,
+// and the client may send it again after retryAfter.
+func Unavailable(retryAfter time.Duration, format string, args ...any) *Problem {
+	p := NewProblem(http.StatusServiceUnavailable, format, args...)
+	p.RetryAfter = retryAfter
+	return p
+}
+
 // ErrorHandler maps every error a handler returns to a problem response.
 // Problems and echo's own HTTP errors keep their status; anything else is a
 // 500 with no detail, logged here and nowhere else.
@@ -56,6 +70,10 @@ func ErrorHandler(logger *slog.Logger) echo.HTTPErrorHandler {
 				"method", c.Request().Method, "path", c.Path(), "err", err)
 		}
 		c.Response().Header().Set(echo.HeaderContentType, ContentTypeProblem)
+		if p.RetryAfter > 0 {
+			// Whole seconds, rounded up: HTTP has no finer unit.
+			c.Response().Header().Set(echo.HeaderRetryAfter, strconv.Itoa(int(math.Ceil(p.RetryAfter.Seconds()))))
+		}
 		if c.Request().Method == http.MethodHead {
 			err = c.NoContent(p.Status)
 		} else {

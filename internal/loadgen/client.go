@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 )
 
@@ -21,6 +22,8 @@ type client struct {
 type statusError struct {
 	status int
 	body   string
+	// retryAfter is the answer's Retry-After, when it gave one in seconds.
+	retryAfter time.Duration
 }
 
 func (e *statusError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.status, e.body) }
@@ -67,7 +70,11 @@ func (c *client) do(ctx context.Context, method, url, idempotencyKey string, bod
 		return fmt.Errorf("%s %s: read answer: %w", method, url, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		return &statusError{status: resp.StatusCode, body: string(bytes.TrimSpace(b))}
+		se := &statusError{status: resp.StatusCode, body: string(bytes.TrimSpace(b))}
+		if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
+			se.retryAfter = time.Duration(s) * time.Second
+		}
+		return se
 	}
 	if out == nil {
 		return nil
@@ -79,8 +86,8 @@ func (c *client) do(ctx context.Context, method, url, idempotencyKey string, bod
 }
 
 // retry calls f until it succeeds, fails for good, or ctx ends, waiting
-// between attempts from 50ms doubling to 1s. retried counts the attempts
-// after the first.
+// between attempts from 50ms doubling to 1s, or as long as the answer's
+// Retry-After asks. retried counts the attempts after the first.
 func retry(ctx context.Context, retried func(), f func() error) error {
 	delay := 50 * time.Millisecond
 	for {
@@ -89,7 +96,11 @@ func retry(ctx context.Context, retried func(), f func() error) error {
 			return err
 		}
 		retried()
-		t := time.NewTimer(delay)
+		wait := delay
+		if se := (*statusError)(nil); errors.As(err, &se) {
+			wait = max(wait, se.retryAfter)
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()

@@ -107,6 +107,12 @@ func (s *Service) place(c echo.Context) error {
 		return err
 	}
 	return httpapi.Idempotent(c, s.idem, body, func(ctx context.Context, tx pgx.Tx) (int, any, error) {
+		// Inside the key's transaction: a retry of an order already placed
+		// is replayed however busy the saga is, and a refusal rolls the
+		// key back, so that the client's retry with it can still succeed.
+		if err := s.admission.admit(); err != nil {
+			return 0, nil, err
+		}
 		id, err := uuid.NewV7()
 		if err != nil {
 			return 0, nil, fmt.Errorf("new order id: %w", err)

@@ -11,8 +11,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/apptest"
@@ -307,4 +309,46 @@ func TestBadInputWritesNothing(t *testing.T) {
 func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
 	t.Parallel()
 	start(t).RequireOpenAPI(t, order.New(nil).Routes)
+}
+
+func TestOrdersBeyondTheLimitWaitForTheSaga(t *testing.T) {
+	t.Parallel()
+	// No other service runs: the orders stay PENDING until the test
+	// publishes what payment would.
+	svc := startOrder(t, order.Config{MaxOrdersInFlight: 2})
+	placed := make([]order.Order, 2)
+	for i, k := range []string{"k1", "k2"} {
+		resp, body := mustPost(t, svc, key(k), validBody)
+		require.Equal(t, http.StatusCreated, resp.StatusCode, "body: %s", body)
+		require.NoError(t, json.Unmarshal(body, &placed[i]))
+	}
+
+	// The count is refreshed in the background: once it has seen the first
+	// two orders, the third is refused.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		require.EqualValues(c, 2, svc.Metric(c, "onceflow_order_in_flight", nil))
+	}, 10*time.Second, 10*time.Millisecond)
+	resp, body := mustPost(t, svc, key("k3"), validBody)
+	requireProblem(t, resp, body, http.StatusServiceUnavailable)
+	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+	require.Equal(t, 2, countRows(t, svc, "SELECT 1 FROM orders"), "a refused order writes nothing")
+	require.Equal(t, 0, countRows(t, svc, "SELECT 1 FROM idempotency_keys WHERE key = 'k3'"),
+		"a refused order does not keep its key")
+	require.EqualValues(t, 1, svc.Metric(t, "onceflow_order_admission_refused_total", nil))
+
+	// A retry of an order already placed is replayed however busy the saga.
+	resp, _ = mustPost(t, svc, key("k1"), validBody)
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.Equal(t, "true", resp.Header.Get(httpapi.HeaderReplayed))
+
+	// Once an order is finished, the refused one goes through with its key.
+	s := saga{t, placed[0]}
+	publishAndAwait(t, svc, placed[0].ID, s.paymentRejected("insufficient funds"))
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		require.EqualValues(c, 1, svc.Metric(c, "onceflow_order_in_flight", nil))
+	}, 10*time.Second, 10*time.Millisecond)
+	resp, body = mustPost(t, svc, key("k3"), validBody)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "body: %s", body)
+	require.Empty(t, resp.Header.Get(httpapi.HeaderReplayed))
+	require.Equal(t, 3, countRows(t, svc, "SELECT 1 FROM orders"))
 }

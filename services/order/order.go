@@ -38,6 +38,8 @@ type Service struct {
 	pool    *pgxpool.Pool
 	queries *dbsqlc.Queries
 	idem    *idempotency.Store
+	// admission, when set, refuses new orders while the saga is behind.
+	admission *Admission
 }
 
 // New returns the service on its database.

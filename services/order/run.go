@@ -2,6 +2,7 @@ package order
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 
 	"github.com/onceflow/onceflow/internal/app"
@@ -15,12 +16,17 @@ const Name = "order"
 func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	return app.Run(ctx, Name, cfg.Config, logger, func(d app.Deps) (app.Spec, error) {
 		s := New(d.Pool)
+		s.admission = NewAdmission(d.Pool, cfg.MaxOrdersInFlight, d.Logger)
+		if err := d.Registry.Register(s.admission.Collector()); err != nil {
+			return app.Spec{}, fmt.Errorf("register admission metrics: %w", err)
+		}
 		return app.Spec{
 			Subscriptions: []app.Subscription{
 				{Stream: streams.Payments, Durable: streams.OrderPayments, Handler: s.handlePaymentEvent, BatchHandler: s.batchHandler(paymentTypes)},
 				{Stream: streams.Inventory, Durable: streams.OrderInventory, Handler: s.handleInventoryEvent, BatchHandler: s.batchHandler(inventoryTypes)},
 			},
-			Routes: s.Routes,
+			Routes:     s.Routes,
+			Background: []func(context.Context) error{s.admission.Run},
 		}, nil
 	})
 }

@@ -23,8 +23,15 @@ import (
 // start runs the order service for one test.
 func start(t *testing.T, configure ...func(*app.Config)) *apptest.Service {
 	t.Helper()
+	return startOrder(t, order.Config{}, configure...)
+}
+
+// startOrder runs the order service with the settings of its own in base.
+func startOrder(t *testing.T, base order.Config, configure ...func(*app.Config)) *apptest.Service {
+	t.Helper()
 	return apptest.Start(t, order.Name, func(ctx context.Context, cfg app.Config, l *slog.Logger) error {
-		return order.Run(ctx, order.Config{Config: cfg}, l)
+		base.Config = cfg
+		return order.Run(ctx, base, l)
 	}, configure...)
 }
 

@@ -69,3 +69,8 @@ UPDATE orders
 SET status = u.status, updated_at = now()
 FROM (SELECT unnest(@ids::uuid[]) AS id, unnest(@statuses::text[]) AS status) AS u
 WHERE orders.id = u.id;
+
+-- name: CountOrdersInFlight :one
+-- The orders not yet in a terminal state (orders_in_flight_idx).
+SELECT count(*) FROM orders
+WHERE status IN ('PENDING', 'PAID');

@@ -12,6 +12,19 @@ import (
 	"github.com/google/uuid"
 )
 
+const countOrdersInFlight = `-- name: CountOrdersInFlight :one
+SELECT count(*) FROM orders
+WHERE status IN ('PENDING', 'PAID')
+`
+
+// The orders not yet in a terminal state (orders_in_flight_idx).
+func (q *Queries) CountOrdersInFlight(ctx context.Context, db DBTX) (int64, error) {
+	row := db.QueryRow(ctx, countOrdersInFlight)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
 const getOrder = `-- name: GetOrder :one
 SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
 FROM orders
