@@ -16,7 +16,9 @@
 # CUSTOMERS, SKUS   seeded by loadgen (default 200 each: enough that wallets
 #            and stock rows are not a handful of hot rows, and that a
 #            backlog stays within the order lists loadgen follows)
-# Extra environment (CONSUMER_WORKERS, …) reaches the services through dev.
+# Extra environment (CONSUMER_WORKERS, MAX_ORDERS_IN_FLIGHT, …) reaches the
+# services through dev. After each fixed-rate run, bench/hops breaks its
+# latency down by hop of the saga, from the services' databases.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,11 +35,12 @@ trap 'kill "${dev:-}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tm
 
 echo "hardware: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 go build -o "$bin" ./cmd/onceflow
+go build -o "$tmp/hops" ./bench/hops
 
 # A fresh `onceflow dev` for every run, so that no run inherits the backlog
 # of the one before.
 for sync in $syncs; do
-	flags=(--http-port 18080 --nats-port 14222)
+	flags=(--http-port 18080 --nats-port 14222 --pg-port 15432)
 	if [[ $sync == durable ]]; then
 		flags+=(--durable)
 	else
@@ -59,6 +62,10 @@ for sync in $syncs; do
 		# are printed all the same, and the next run goes on.
 		"$bin" loadgen --rate "$r" --duration "$duration" --customers "$customers" --skus "$skus" "${urls[@]}" \
 			--json "$out/$sync-$name.json" --histogram "$out/$sync-$name.svg" 2>/dev/null || true
+		if [[ $name == fixed ]]; then
+			db=postgres://postgres@127.0.0.1:15432
+			"$tmp/hops" -order "$db/onceflow_order" -payment "$db/onceflow_payment" -inventory "$db/onceflow_inventory" || true
+		fi
 		kill -INT "$dev"
 		wait "$dev" || true
 		dev=
