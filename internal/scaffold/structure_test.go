@@ -36,6 +36,7 @@ var extras = map[string]map[string]string{
 		"setup_test.go": "test helpers shared by order's several test files",
 		"batch.go":      "the set-based form of its handlers (inbox.BatchHandler), an optimisation",
 		"batch_test.go": "its tests",
+		"admission.go":  "the admission control of POST /orders (MAX_ORDERS_IN_FLIGHT): the saga's entry point refuses work while the saga is behind",
 	},
 	"payment": {
 		"batch.go":      "the set-based form of its OrderPlaced handler (inbox.BatchHandler), an optimisation",

@@ -6,57 +6,7 @@ package dbsqlc
 
 import (
 	"time"
-
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgtype"
 )
-
-type IdempotencyKey struct {
-	Scope           string
-	Key             string
-	Fingerprint     []byte
-	StatusCode      pgtype.Int4
-	ResponseHeaders []byte
-	ResponseBody    []byte
-	CreatedAt       time.Time
-	CompletedAt     *time.Time
-}
-
-type Outbox struct {
-	ID          int64
-	EventID     uuid.UUID
-	EventType   string
-	Source      string
-	Subject     string
-	NatsSubject string
-	EventTime   time.Time
-	Data        []byte
-	Traceparent string
-	CreatedAt   time.Time
-	SentAt      *time.Time
-}
-
-type ProcessedEvent struct {
-	Consumer    string
-	EventID     uuid.UUID
-	EventType   string
-	EventTime   time.Time
-	StreamSeq   int64
-	ProcessedAt time.Time
-}
-
-type Reservation struct {
-	OrderID   uuid.UUID
-	Status    string
-	Reason    string
-	CreatedAt time.Time
-}
-
-type ReservationLine struct {
-	OrderID  uuid.UUID
-	Sku      string
-	Quantity int64
-}
 
 type Stock struct {
 	Sku       string

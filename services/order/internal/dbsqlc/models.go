@@ -8,19 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgtype"
 )
-
-type IdempotencyKey struct {
-	Scope           string
-	Key             string
-	Fingerprint     []byte
-	StatusCode      pgtype.Int4
-	ResponseHeaders []byte
-	ResponseBody    []byte
-	CreatedAt       time.Time
-	CompletedAt     *time.Time
-}
 
 type Order struct {
 	ID            uuid.UUID
@@ -30,43 +18,4 @@ type Order struct {
 	TotalCents    int64
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
-}
-
-type OrderLine struct {
-	OrderID        uuid.UUID
-	LineNo         int32
-	Sku            string
-	Quantity       int32
-	UnitPriceCents int64
-}
-
-type OrderTimeline struct {
-	OrderID   uuid.UUID
-	EventID   uuid.UUID
-	EventType string
-	At        time.Time
-	Reason    string
-}
-
-type Outbox struct {
-	ID          int64
-	EventID     uuid.UUID
-	EventType   string
-	Source      string
-	Subject     string
-	NatsSubject string
-	EventTime   time.Time
-	Data        []byte
-	Traceparent string
-	CreatedAt   time.Time
-	SentAt      *time.Time
-}
-
-type ProcessedEvent struct {
-	Consumer    string
-	EventID     uuid.UUID
-	EventType   string
-	EventTime   time.Time
-	StreamSeq   int64
-	ProcessedAt time.Time
 }
