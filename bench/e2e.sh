@@ -33,6 +33,9 @@ tmp=$(mktemp -d)
 bin=$tmp/onceflow
 trap 'kill "${dev:-}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"' EXIT
 
+# cpu_jiffies prints the machine's busy and total CPU time so far.
+cpu_jiffies() { awk '/^cpu / {print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
+
 echo "hardware: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 go build -o "$bin" ./cmd/onceflow
 go build -o "$tmp/hops" ./bench/hops
@@ -60,8 +63,11 @@ for sync in $syncs; do
 		echo "   onceflow loadgen --rate $r --duration $duration --customers $customers --skus $skus"
 		# A run that leaves orders unfinished exits non-zero; its figures
 		# are printed all the same, and the next run goes on.
+		cpu0=($(cpu_jiffies))
 		"$bin" loadgen --rate "$r" --duration "$duration" --customers "$customers" --skus "$skus" "${urls[@]}" \
 			--json "$out/$sync-$name.json" --histogram "$out/$sync-$name.svg" 2>/dev/null || true
+		cpu1=($(cpu_jiffies))
+		echo "  machine busy $((100 * (cpu1[0] - cpu0[0]) / (cpu1[1] - cpu0[1])))% of $(nproc) cores while loadgen ran (loadgen included)"
 		if [[ $name == fixed ]]; then
 			db=postgres://postgres@127.0.0.1:15432
 			"$tmp/hops" -order "$db/onceflow_order" -payment "$db/onceflow_payment" -inventory "$db/onceflow_inventory" || true
