@@ -99,26 +99,27 @@ func (c *Consumer) decode(ctx context.Context, msg jetstream.Msg) (d *delivery, 
 // before the message is settled, so a failure leaves nothing behind.
 func (c *Consumer) processTx(ctx context.Context, d *delivery) {
 	defer c.startTx(1).done(&d.err)
-	tx, err := c.pool.Begin(ctx)
-	if err != nil {
-		d.fail(fmt.Errorf("begin: %w", err))
-		return
-	}
-	defer c.rollback(ctx, tx)
-
-	_, err = c.queries.ClaimEvent(ctx, tx, dbsqlc.ClaimEventParams{
+	begin := &beginWith{pool: c.pool} // BEGIN goes with the claim
+	_, claimErr := c.queries.ClaimEvent(ctx, begin, dbsqlc.ClaimEventParams{
 		Consumer:  c.cfg.Durable,
 		EventID:   d.ev.ID,
 		EventType: string(d.ev.Type),
 		EventTime: d.ev.Time,
 		StreamSeq: int64(d.meta.Sequence.Stream),
 	})
+	tx, err := begin.tx()
+	if tx != nil {
+		defer c.rollback(ctx, tx)
+	}
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	case errors.Is(claimErr, pgx.ErrNoRows):
 		d.outcome = duplicate
 		return
+	case claimErr != nil:
+		d.fail(fmt.Errorf("claim: %w", claimErr))
+		return
 	case err != nil:
-		d.fail(fmt.Errorf("claim: %w", err))
+		d.fail(fmt.Errorf("begin: %w", err))
 		return
 	}
 	if err := c.handler(ctx, tx, d.ev); err != nil {
@@ -211,12 +212,6 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*delivery) {
 // as a whole.
 func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (failed int, herr, err error) {
 	defer c.startTx(len(ds)).done(&err)
-	tx, err := c.pool.Begin(ctx)
-	if err != nil {
-		return 0, nil, fmt.Errorf("begin: %w", err)
-	}
-	defer c.rollback(ctx, tx)
-
 	// Claimed in event id order (the query sorts too), so that two batches
 	// that overlap after a redelivery lock their keys in the same order and
 	// cannot deadlock.
@@ -236,9 +231,17 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 		claim.EventTimes[i] = d.ev.Time
 		claim.StreamSeqs[i] = int64(d.meta.Sequence.Stream)
 	}
-	claimed, err := c.queries.ClaimEvents(ctx, tx, claim)
-	if err != nil {
-		return 0, nil, fmt.Errorf("claim: %w", err)
+	begin := &beginWith{pool: c.pool} // BEGIN goes with the claim
+	claimed, claimErr := c.queries.ClaimEvents(ctx, begin, claim)
+	tx, err := begin.tx()
+	if tx != nil {
+		defer c.rollback(ctx, tx)
+	}
+	switch {
+	case claimErr != nil:
+		return 0, nil, fmt.Errorf("claim: %w", claimErr)
+	case err != nil:
+		return 0, nil, fmt.Errorf("begin: %w", err)
 	}
 	isNew := make(map[uuid.UUID]bool, len(claimed))
 	for _, id := range claimed {
