@@ -11,8 +11,9 @@
 //
 //   - A handler's writes for an event are committed at most once, however
 //     often the event is delivered: the claim of the (consumer, event id)
-//     primary key is the first statement of the transaction, and two
-//     deliveries racing each other are serialised by it.
+//     primary key is the first statement of the transaction (sent in one
+//     round trip with its BEGIN), and two deliveries racing each other are
+//     serialised by it.
 //   - No message is acked unless its transaction committed. A crash before
 //     the commit leaves nothing behind and the message is redelivered; a
 //     crash between commit and ack leads to a redelivery that the claim
