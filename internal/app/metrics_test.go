@@ -54,8 +54,8 @@ func metricNames(t *testing.T) []string {
 
 // serviceMetricPrefixes name the metrics a service exports beyond the
 // shared runtime's; the service's own test checks them against the
-// dashboard (services/order: TestDashboardShowsTheAdmission).
-var serviceMetricPrefixes = []string{"onceflow_order_"}
+// dashboard (apptest.RequireDashboardShows).
+var serviceMetricPrefixes = []string{"onceflow_order_", "onceflow_mailer_"}
 
 // TestDashboardQueriesExportedMetrics reads the Grafana dashboard of the
 // compose demo: every onceflow metric it queries is exported, and every

@@ -3,11 +3,18 @@ package apptest
 import (
 	"context"
 	"net/http"
+	"regexp"
+	"strings"
+	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/deploy/grafana"
 )
 
 // InboxCount returns how many messages the consumer durable settled with
@@ -59,4 +66,28 @@ series:
 		n += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 	}
 	return n
+}
+
+// RequireDashboardShows checks the compose demo's Grafana dashboard against
+// the metrics that c, a service's own collector, exports: the dashboard
+// queries each of them, and no other metric whose name starts with prefix.
+// The shared runtime's metrics are checked in internal/app.
+func RequireDashboardShows(t *testing.T, prefix string, c prometheus.Collector) {
+	t.Helper()
+	ch := make(chan *prometheus.Desc, 16)
+	go func() {
+		c.Describe(ch)
+		close(ch)
+	}()
+	fqName := regexp.MustCompile(`fqName: "([a-z_]+)"`)
+	var exported []string
+	for d := range ch {
+		m := fqName.FindStringSubmatch(d.String())
+		require.NotNil(t, m, d.String())
+		require.True(t, strings.HasPrefix(m[1], prefix), "%s does not start with %s", m[1], prefix)
+		exported = append(exported, m[1])
+	}
+	queried, err := grafana.QueriedMetrics(regexp.MustCompile(regexp.QuoteMeta(prefix) + `[a-z_]+`))
+	require.NoError(t, err)
+	require.ElementsMatch(t, exported, queried, "metrics exported (first) and on the dashboard (second)")
 }

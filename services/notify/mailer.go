@@ -333,7 +333,8 @@ type mailerCollector struct {
 	oldestAge *prometheus.Desc
 }
 
-func newMailerCollector(m *Mailer) *mailerCollector {
+// Collector returns the mailer's metrics.
+func (m *Mailer) Collector() prometheus.Collector {
 	return &mailerCollector{
 		m: m,
 		sends: prometheus.NewDesc("onceflow_mailer_sends_total",

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/internal/apptest"
 	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/services/notify"
@@ -606,4 +607,11 @@ func TestMailerRespectsBatchSizeAndConcurrency(t *testing.T) {
 	var sent int
 	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM notifications WHERE status = 'SENT' AND attempts = 1`).Scan(&sent))
 	require.Equal(t, n, sent)
+}
+
+// The compose demo's dashboard shows the mailer's metrics.
+func TestDashboardShowsTheMailer(t *testing.T) {
+	t.Parallel()
+	m := notify.NewMailer(nil, nil, notify.MailerConfig{}, slog.New(slog.DiscardHandler))
+	apptest.RequireDashboardShows(t, "onceflow_mailer_", m.Collector())
 }

@@ -29,7 +29,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 			BatchSize:    cfg.MailerBatchSize,
 			Concurrency:  cfg.MailerConcurrency,
 		}, d.Logger)
-		if err := d.Registry.Register(newMailerCollector(m)); err != nil {
+		if err := d.Registry.Register(m.Collector()); err != nil {
 			return app.Spec{}, fmt.Errorf("register mailer metrics: %w", err)
 		}
 		return app.Spec{
