@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/event"
-	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -22,9 +21,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 // never confirmed: the breakdown shows the first one's steps.
 func TestHopsOfAConfirmedOrder(t *testing.T) {
 	t.Parallel()
-	schema, err := postgres.ServiceSchema("")
-	require.NoError(t, err)
-	order, payment, inventory := testenv.NewDatabase(t, schema), testenv.NewDatabase(t, schema), testenv.NewDatabase(t, schema)
+	order, payment, inventory := testenv.NewServiceDatabase(t, ""), testenv.NewServiceDatabase(t, ""), testenv.NewServiceDatabase(t, "")
 
 	t0 := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }

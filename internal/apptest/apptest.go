@@ -22,7 +22,6 @@ import (
 
 	"github.com/onceflow/onceflow/internal/app"
 	"github.com/onceflow/onceflow/internal/event"
-	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -43,9 +42,7 @@ type Service struct {
 // It returns once /readyz answers.
 func Start(t *testing.T, name string, run RunFunc, configure ...func(*app.Config)) *Service {
 	t.Helper()
-	schema, err := postgres.ServiceSchema(name)
-	require.NoError(t, err)
-	db := testenv.NewDatabase(t, schema)
+	db := testenv.NewServiceDatabase(t, name)
 	nt := testenv.NewNATS(t)
 
 	cfg, err := env.ParseAsWithOptions[app.Config](env.Options{Environment: map[string]string{

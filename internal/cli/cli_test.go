@@ -205,9 +205,7 @@ func TestMigrate(t *testing.T) {
 }
 
 func TestOutboxRedrive(t *testing.T) {
-	schema, err := postgres.ServiceSchema("")
-	require.NoError(t, err)
-	db := testenv.NewDatabase(t, schema)
+	db := testenv.NewServiceDatabase(t, "")
 	t.Setenv("DATABASE_URL", db.URL)
 
 	stdout, _, err := run(t, "outbox", "redrive", "--since", "1h")

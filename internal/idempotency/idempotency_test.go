@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/idempotency"
-	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -21,9 +20,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 
 func newStore(t *testing.T, wait time.Duration) (*idempotency.Store, *testenv.Database) {
 	t.Helper()
-	schema, err := postgres.ServiceSchema("")
-	require.NoError(t, err)
-	db := testenv.NewDatabase(t, schema)
+	db := testenv.NewServiceDatabase(t, "")
 	return idempotency.NewStore(db.Pool, wait), db
 }
 

@@ -6,17 +6,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 func TestBeginWithOpensTheTransactionOfItsStatement(t *testing.T) {
 	t.Parallel()
-	schema, err := postgres.ServiceSchema("")
-	require.NoError(t, err)
-	db := testenv.NewDatabase(t, schema)
+	db := testenv.NewServiceDatabase(t, "")
 	ctx := t.Context()
-	_, err = db.Pool.Exec(ctx, "CREATE TABLE effects (n int)")
+	_, err := db.Pool.Exec(ctx, "CREATE TABLE effects (n int)")
 	require.NoError(t, err)
 	count := func() (n int) {
 		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM effects").Scan(&n))

@@ -10,16 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/inbox"
-	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 func TestCleanerRemovesOldRowsOnly(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	schema, err := postgres.ServiceSchema("")
-	require.NoError(t, err)
-	db := testenv.NewDatabase(t, schema)
+	db := testenv.NewServiceDatabase(t, "")
 	logger := slog.New(slog.NewTextHandler(t.Output(), nil))
 
 	// insert adds a row per age, processed that long ago, and returns their ids.

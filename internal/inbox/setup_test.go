@@ -17,7 +17,6 @@ import (
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox"
-	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
@@ -47,10 +46,8 @@ type env struct {
 func setup(t *testing.T, cons streams.Consumer) *env {
 	t.Helper()
 	ctx := t.Context()
-	schema, err := postgres.ServiceSchema("")
-	require.NoError(t, err)
-	db := testenv.NewDatabase(t, schema)
-	_, err = db.Pool.Exec(ctx, `CREATE TABLE effects (event_id uuid NOT NULL, n int NOT NULL)`)
+	db := testenv.NewServiceDatabase(t, "")
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE effects (event_id uuid NOT NULL, n int NOT NULL)`)
 	require.NoError(t, err)
 
 	js := testenv.NewNATS(t).JetStream(t)

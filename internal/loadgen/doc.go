@@ -7,8 +7,8 @@
 // gone) and a few SKUs are scarce (CANCELLED, with a refund, once sold
 // out). It then places orders at a target rate, or as fast as a number of
 // concurrent clients can, each with an Idempotency-Key that every retry
-// (after an error, a time-out or a 5xx) reuses, so that a retry never
-// places a second order. It follows every order to its terminal state by
+// (after an error, a time-out or a 5xx, waiting as long as a Retry-After
+// asks) reuses, so that a retry never places a second order. It follows every order to its terminal state by
 // listing each customer's recent orders in one request per poll, and
 // measures latency from the order's timeline: the time of its OrderPlaced
 // event to the time of its terminal event, both taken by the order

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/event"
@@ -17,11 +16,7 @@ import (
 // outboxEventIDs returns the event ids of the outbox rows in id order.
 func outboxEventIDs(t *testing.T, db *testenv.Database) []string {
 	t.Helper()
-	rows, err := db.Pool.Query(t.Context(), "SELECT event_id::text FROM outbox ORDER BY id")
-	require.NoError(t, err)
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	return ids
+	return column[string](t, db, "SELECT event_id::text FROM outbox ORDER BY id")
 }
 
 // setSentAgo backdates the sent_at of the rows of evs.

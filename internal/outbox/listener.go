@@ -188,8 +188,7 @@ func (l *listener) sleep(ctx context.Context) sleepState {
 // wake releases the sleep lock: commits stop notifying while the relay
 // works.
 func (l *listener) wake(ctx context.Context) {
-	if !l.asleep || l.conn == nil {
-		l.asleep = false
+	if !l.asleep { // lost ends a session and its sleep together
 		return
 	}
 	l.asleep = false

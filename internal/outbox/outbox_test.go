@@ -8,13 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/outbox"
-	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
@@ -31,15 +31,13 @@ type fixture struct {
 
 func setup(t *testing.T) *fixture {
 	t.Helper()
-	schema, err := postgres.ServiceSchema("")
-	require.NoError(t, err)
 	n := testenv.NewNATS(t)
 	// As a service creates it: the client forgets a publish whose ack is
 	// overdue.
 	js, err := jetstream.New(n.Conn(t), jetstream.WithPublishAsyncTimeout(10*time.Second))
 	require.NoError(t, err)
 	return &fixture{
-		db:     testenv.NewDatabase(t, schema),
+		db:     testenv.NewServiceDatabase(t, ""),
 		nats:   n,
 		js:     js,
 		logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
@@ -136,6 +134,16 @@ func awaitMsgs(t *testing.T, js jetstream.JetStream, name string, n uint64, time
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// column returns the first column of the rows that sql reads.
+func column[T any](t *testing.T, db *testenv.Database, sql string) []T {
+	t.Helper()
+	rows, err := db.Pool.Query(t.Context(), sql)
+	require.NoError(t, err)
+	vals, err := pgx.CollectRows(rows, pgx.RowTo[T])
+	require.NoError(t, err)
+	return vals
 }
 
 func requireLag(t *testing.T, r *outbox.Relay, unsent int64) outbox.Lag {

@@ -479,11 +479,7 @@ func TestPublishFailureMarksOnlyThePrefixSent(t *testing.T) {
 // sentEventIDs returns the event ids of the rows marked sent, in id order.
 func sentEventIDs(t *testing.T, db *testenv.Database) []string {
 	t.Helper()
-	rows, err := db.Pool.Query(t.Context(), "SELECT event_id::text FROM outbox WHERE sent_at IS NOT NULL ORDER BY id")
-	require.NoError(t, err)
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	return ids
+	return column[string](t, db, "SELECT event_id::text FROM outbox WHERE sent_at IS NOT NULL ORDER BY id")
 }
 
 func TestLag(t *testing.T) {
@@ -635,14 +631,10 @@ func TestFlushCrossesIDGaps(t *testing.T) {
 // test's database.
 func relayLockHolders(t *testing.T, db *testenv.Database) []int32 {
 	t.Helper()
-	rows, err := db.Pool.Query(t.Context(), `
+	return column[int32](t, db, `
 		SELECT pid FROM pg_locks
 		WHERE locktype = 'advisory' AND granted
 		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`)
-	require.NoError(t, err)
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	require.NoError(t, err)
-	return pids
 }
 
 func TestFlushHoldsTheRelayLock(t *testing.T) {

@@ -71,6 +71,18 @@ func NewDatabase(t testing.TB, schema postgres.Schema) *Database {
 	return db
 }
 
+// NewServiceDatabase is NewDatabase with the migrations a service's
+// database gets: the platform's, then the service's own ("" for the
+// platform's alone).
+func NewServiceDatabase(t testing.TB, service string) *Database {
+	t.Helper()
+	schema, err := postgres.ServiceSchema(service)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return NewDatabase(t, schema)
+}
+
 // AdminURL connects to the server's maintenance database with the rights to
 // create and drop databases.
 func (d *Database) AdminURL() string {

@@ -17,7 +17,6 @@ import (
 	"github.com/onceflow/onceflow/internal/apptest"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox"
-	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/services/notify"
@@ -40,9 +39,7 @@ func TestOrderMilestoneBatchEqualsEventByEvent(t *testing.T) {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(seed, 0x5eed))
-			schema, err := postgres.ServiceSchema(notify.Name)
-			require.NoError(t, err)
-			ref, set := testenv.NewDatabase(t, schema), testenv.NewDatabase(t, schema)
+			ref, set := testenv.NewServiceDatabase(t, notify.Name), testenv.NewServiceDatabase(t, notify.Name)
 			evs := randomMilestones(t, rng, 300)
 
 			apptest.ApplyBothForms(t, ref.Pool, set.Pool, apptest.RandomBatches(rng, evs),
@@ -71,9 +68,7 @@ func TestOrderMilestoneBatchEqualsEventByEvent(t *testing.T) {
 // as with one event after the other.
 func TestOrderMilestoneBatchFirstWins(t *testing.T) {
 	t.Parallel()
-	schema, err := postgres.ServiceSchema(notify.Name)
-	require.NoError(t, err)
-	ref, set := testenv.NewDatabase(t, schema), testenv.NewDatabase(t, schema)
+	ref, set := testenv.NewServiceDatabase(t, notify.Name), testenv.NewServiceDatabase(t, notify.Name)
 
 	placed := orderPlaced(t, "ivy", "ivy@shop.example")
 	confirmed := milestone(t, placed, event.OrderConfirmed)
@@ -103,9 +98,7 @@ func TestOrderMilestoneBatchFirstWins(t *testing.T) {
 // dead-letter it alone.
 func TestOrderMilestoneBatchRefusesBadEvents(t *testing.T) {
 	t.Parallel()
-	schema, err := postgres.ServiceSchema(notify.Name)
-	require.NoError(t, err)
-	db := testenv.NewDatabase(t, schema)
+	db := testenv.NewServiceDatabase(t, notify.Name)
 	s := notify.New(db.Pool)
 	good := orderPlaced(t, "kai", "")
 	debited, err := good.Caused("payment", event.PaymentDebited, event.PaymentDebitedV1{})

@@ -19,7 +19,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/apptest"
-	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/services/notify"
 )
@@ -131,10 +130,8 @@ func (s *blockingSender) Send(ctx context.Context, _ notify.Message) error {
 
 func TestMailerFinishesTheEmailInHandOnStop(t *testing.T) {
 	t.Parallel()
-	schema, err := postgres.ServiceSchema(notify.Name)
-	require.NoError(t, err)
-	db := testenv.NewDatabase(t, schema)
-	_, err = db.Pool.Exec(t.Context(), `
+	db := testenv.NewServiceDatabase(t, notify.Name)
+	_, err := db.Pool.Exec(t.Context(), `
 		INSERT INTO notifications (order_id, kind, recipient, event_id, message_id, subject, body)
 		VALUES (gen_random_uuid(), 'placed', 'x@example.invalid', gen_random_uuid(), '<x@onceflow>', 's', 'b')`)
 	require.NoError(t, err)
@@ -361,9 +358,7 @@ func (s *smtpServer) serve(conn net.Conn) {
 // Message-IDs in id order.
 func newMailerDB(t *testing.T, n int) (*testenv.Database, []string) {
 	t.Helper()
-	schema, err := postgres.ServiceSchema(notify.Name)
-	require.NoError(t, err)
-	db := testenv.NewDatabase(t, schema)
+	db := testenv.NewServiceDatabase(t, notify.Name)
 	r, err := db.Pool.Query(t.Context(), `
 		INSERT INTO notifications (order_id, kind, recipient, event_id, message_id, subject, body)
 		SELECT gen_random_uuid(), 'placed', format('c%s@shop.example', e.i), e.id, format('<%s@onceflow>', e.id), 's', 'b'

@@ -18,7 +18,6 @@ import (
 	"github.com/onceflow/onceflow/internal/apptest"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox"
-	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/services/order"
@@ -97,9 +96,7 @@ func requireBatchEqualsEventByEvent(t *testing.T, ref, set *pgxpool.Pool, batche
 // newDatabase returns a new order database.
 func newDatabase(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	schema, err := postgres.ServiceSchema(order.Name)
-	require.NoError(t, err)
-	return testenv.NewDatabase(t, schema).Pool
+	return testenv.NewServiceDatabase(t, order.Name).Pool
 }
 
 // reemitted is ev emitted again by its producer under a new event id.

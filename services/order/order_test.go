@@ -15,7 +15,6 @@ import (
 	"github.com/onceflow/onceflow/internal/apptest"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox"
-	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/services/order"
@@ -391,9 +390,7 @@ func TestPoisonEventsAreDeadLettered(t *testing.T) {
 // handle: a permanent error, since no retry can fix it.
 func TestHandlersRefuseOtherTypes(t *testing.T) {
 	t.Parallel()
-	schema, err := postgres.ServiceSchema(order.Name)
-	require.NoError(t, err)
-	db := testenv.NewDatabase(t, schema)
+	db := testenv.NewServiceDatabase(t, order.Name)
 	s := order.New(db.Pool)
 	ev, err := event.New("test", event.OrderPlaced, uuid.NewString(), event.OrderPlacedV1{})
 	require.NoError(t, err)

@@ -14,7 +14,6 @@ import (
 	"github.com/onceflow/onceflow/internal/app"
 	"github.com/onceflow/onceflow/internal/apptest"
 	"github.com/onceflow/onceflow/internal/event"
-	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/services/payment"
@@ -30,9 +29,7 @@ func TestOrderPlacedBatchEqualsEventByEvent(t *testing.T) {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(seed, 0x5eed))
-			schema, err := postgres.ServiceSchema(payment.Name)
-			require.NoError(t, err)
-			ref, set := testenv.NewDatabase(t, schema), testenv.NewDatabase(t, schema)
+			ref, set := testenv.NewServiceDatabase(t, payment.Name), testenv.NewServiceDatabase(t, payment.Name)
 
 			// c5 has no wallet; the others have a balance that some of
 			// their orders exhaust.
