@@ -67,7 +67,9 @@ type Handler func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
 // unnest(…) instead of one UPDATE per event), inside the inbox transaction,
 // after the batch's events were claimed. It receives them in fetch order and
 // must leave the database exactly as the Handler would, called for each
-// event in that order. It writes through tx only. An error rolls back the
+// event in that order. It writes through tx only, whose statements
+// PostgreSQL plans for their arguments each time (postgres.PlanEachCall):
+// a batch's arrays would defeat a cached generic plan. An error rolls back the
 // transaction and the consumer runs the batch again with the Handler for
 // each event, so that one bad event fails only itself.
 type BatchHandler func(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error

@@ -17,6 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox/internal/dbsqlc"
+	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
 )
 
@@ -256,7 +257,7 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 	}
 	if len(fresh) > 0 {
 		if setBased {
-			if herr := c.cfg.BatchHandler(ctx, tx, fresh); herr != nil {
+			if herr := c.cfg.BatchHandler(ctx, postgres.PlanEachCall(tx), fresh); herr != nil {
 				return -1, herr, nil
 			}
 		} else {
