@@ -55,7 +55,7 @@ func BenchmarkNotify(b *testing.B) {
 				js := newJetStream(b)
 				provisionOrders(b, js, streams.Orders, "orders.>")
 				s := notify.New(pool)
-				cfg := inbox.Config{Stream: streams.Orders, Durable: benchConsumer, BatchSize: batchSize, Batched: true}
+				cfg := inbox.Config{Stream: streams.Orders, Durable: benchConsumer, BatchSize: batchSize, Batched: true, Workers: m.workers}
 				if m.setBased {
 					cfg.BatchHandler = s.HandleOrderMilestoneBatch
 				}

@@ -43,11 +43,15 @@ func debitedEvents(b testing.TB, n int) []event.Envelope {
 	return evs
 }
 
-// serviceModes are the ways the services' batched consumers run a batch.
+// serviceModes are the ways the services' batched consumers run a batch:
+// per event, set-based, and set-based with two fetch loops (two
+// transactions in flight, CONSUMER_WORKERS=2), which overlap one batch's
+// Go work with the other's database round trips.
 var serviceModes = []struct {
 	name     string
 	setBased bool
-}{{"batched", false}, {"setbased", true}}
+	workers  int
+}{{"batched", false, 1}, {"setbased", true, 1}, {"setbased/workers=2", true, 2}}
 
 // BenchmarkPayment is payment's OrderPlaced handler through the batched
 // inbox consumer: lock the payment, debit the wallet, record the payment,
@@ -61,7 +65,7 @@ func BenchmarkPayment(b *testing.B) {
 				js := newJetStream(b)
 				provisionOrders(b, js, streams.Orders, "orders.>")
 				s := payment.New(pool)
-				cfg := inbox.Config{Stream: streams.Orders, Durable: benchConsumer, BatchSize: batchSize, Batched: true}
+				cfg := inbox.Config{Stream: streams.Orders, Durable: benchConsumer, BatchSize: batchSize, Batched: true, Workers: m.workers}
 				if m.setBased {
 					cfg.BatchHandler = s.HandleOrderPlacedBatch
 				}
@@ -88,7 +92,7 @@ func BenchmarkInventory(b *testing.B) {
 				js := newJetStream(b)
 				provisionOrders(b, js, streams.Payments, "payments.>")
 				s := inventory.New(pool)
-				cfg := inbox.Config{Stream: streams.Payments, Durable: benchConsumer, BatchSize: batchSize, Batched: true}
+				cfg := inbox.Config{Stream: streams.Payments, Durable: benchConsumer, BatchSize: batchSize, Batched: true, Workers: m.workers}
 				if m.setBased {
 					cfg.BatchHandler = s.HandlePaymentDebitedBatch
 				}
@@ -113,7 +117,7 @@ func BenchmarkOrder(b *testing.B) {
 				js := newJetStream(b)
 				provisionOrders(b, js, streams.Inventory, "inventory.>")
 				s := order.New(pool)
-				cfg := inbox.Config{Stream: streams.Inventory, Durable: benchConsumer, BatchSize: batchSize, Batched: true}
+				cfg := inbox.Config{Stream: streams.Inventory, Durable: benchConsumer, BatchSize: batchSize, Batched: true, Workers: m.workers}
 				if m.setBased {
 					cfg.BatchHandler = s.HandleBatch
 				}

@@ -134,6 +134,8 @@ func targets() []target {
 		target{name: "pg=durable: set-based inbox, events/s", num: "Inbox/pg=durable/mode=setbased/workers=1", bound: 20_000},
 		target{name: "pg=durable: payment set-based, events/s", num: "Payment/pg=durable/mode=setbased", bound: 20_000},
 		target{name: "pg=durable: inventory set-based, events/s", num: "Inventory/pg=durable/mode=setbased", bound: 20_000},
+		target{name: "pg=durable: payment set-based, 2 workers, events/s", num: "Payment/pg=durable/mode=setbased/workers=2", bound: 20_000},
+		target{name: "pg=durable: inventory set-based, 2 workers, events/s", num: "Inventory/pg=durable/mode=setbased/workers=2", bound: 20_000},
 	)
 	return ts
 }
