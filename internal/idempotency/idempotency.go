@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/internal/idempotency/internal/dbsqlc"
+	"github.com/onceflow/onceflow/internal/postgres"
 )
 
 var (
@@ -72,42 +73,51 @@ func NewStore(pool *pgxpool.Pool, waitInFlight time.Duration) *Store {
 // fingerprints differ, or ErrInFlight when the first request does not finish
 // in time. When fn returns an error, nothing is stored.
 func (s *Store) Do(ctx context.Context, req Request, fn func(ctx context.Context, tx pgx.Tx) (Response, error)) (resp Response, replayed bool, err error) {
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		_, err := s.queries.ClaimKey(ctx, tx, dbsqlc.ClaimKeyParams{
-			Scope:       req.Scope,
-			Key:         req.Key,
-			Fingerprint: req.Fingerprint,
-			LockTimeout: fmt.Sprintf("%dms", s.waitInFlight.Milliseconds()),
-		})
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			resp, err = s.stored(ctx, tx, req)
-			replayed = err == nil
-			return err
-		case isLockTimeout(err):
-			return ErrInFlight
-		case err != nil:
-			return fmt.Errorf("claim idempotency key: %w", err)
-		}
-		if resp, err = fn(ctx, tx); err != nil {
-			return err
-		}
-		header, err := json.Marshal(resp.Header)
-		if err != nil {
-			return fmt.Errorf("encode response header: %w", err)
-		}
-		return s.queries.CompleteKey(ctx, tx, dbsqlc.CompleteKeyParams{
-			Scope:           req.Scope,
-			Key:             req.Key,
-			StatusCode:      pgtype.Int4{Int32: int32(resp.Status), Valid: true},
-			ResponseHeaders: header,
-			ResponseBody:    resp.Body,
-		})
+	begin := postgres.BeginWith(s.pool) // BEGIN goes with the claim
+	_, claimErr := s.queries.ClaimKey(ctx, begin, dbsqlc.ClaimKeyParams{
+		Scope:       req.Scope,
+		Key:         req.Key,
+		Fingerprint: req.Fingerprint,
+		LockTimeout: fmt.Sprintf("%dms", s.waitInFlight.Milliseconds()),
 	})
-	if err != nil {
+	tx, err := begin.Tx()
+	if tx != nil {
+		// After Commit it does nothing.
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	}
+	switch {
+	case errors.Is(claimErr, pgx.ErrNoRows):
+		if resp, err = s.stored(ctx, tx, req); err != nil {
+			return Response{}, false, err
+		}
+		return resp, true, nil
+	case isLockTimeout(claimErr):
+		return Response{}, false, ErrInFlight
+	case claimErr != nil:
+		return Response{}, false, fmt.Errorf("claim idempotency key: %w", claimErr)
+	case err != nil:
+		return Response{}, false, fmt.Errorf("begin: %w", err)
+	}
+	if resp, err = fn(ctx, tx); err != nil {
 		return Response{}, false, err
 	}
-	return resp, replayed, nil
+	header, err := json.Marshal(resp.Header)
+	if err != nil {
+		return Response{}, false, fmt.Errorf("encode response header: %w", err)
+	}
+	if err := s.queries.CompleteKey(ctx, tx, dbsqlc.CompleteKeyParams{
+		Scope:           req.Scope,
+		Key:             req.Key,
+		StatusCode:      pgtype.Int4{Int32: int32(resp.Status), Valid: true},
+		ResponseHeaders: header,
+		ResponseBody:    resp.Body,
+	}); err != nil {
+		return Response{}, false, fmt.Errorf("store idempotent response: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Response{}, false, fmt.Errorf("commit: %w", err)
+	}
+	return resp, false, nil
 }
 
 func (s *Store) stored(ctx context.Context, tx pgx.Tx, req Request) (Response, error) {

@@ -100,7 +100,7 @@ func (c *Consumer) decode(ctx context.Context, msg jetstream.Msg) (d *delivery, 
 // before the message is settled, so a failure leaves nothing behind.
 func (c *Consumer) processTx(ctx context.Context, d *delivery) {
 	defer c.startTx(1).done(&d.err)
-	begin := &beginWith{pool: c.pool} // BEGIN goes with the claim
+	begin := postgres.BeginWith(c.pool) // BEGIN goes with the claim
 	_, claimErr := c.queries.ClaimEvent(ctx, begin, dbsqlc.ClaimEventParams{
 		Consumer:  c.cfg.Durable,
 		EventID:   d.ev.ID,
@@ -108,7 +108,7 @@ func (c *Consumer) processTx(ctx context.Context, d *delivery) {
 		EventTime: d.ev.Time,
 		StreamSeq: int64(d.meta.Sequence.Stream),
 	})
-	tx, err := begin.tx()
+	tx, err := begin.Tx()
 	if tx != nil {
 		defer c.rollback(ctx, tx)
 	}
@@ -232,9 +232,9 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 		claim.EventTimes[i] = d.ev.Time
 		claim.StreamSeqs[i] = int64(d.meta.Sequence.Stream)
 	}
-	begin := &beginWith{pool: c.pool} // BEGIN goes with the claim
+	begin := postgres.BeginWith(c.pool) // BEGIN goes with the claim
 	claimed, claimErr := c.queries.ClaimEvents(ctx, begin, claim)
-	tx, err := begin.tx()
+	tx, err := begin.Tx()
 	if tx != nil {
 		defer c.rollback(ctx, tx)
 	}

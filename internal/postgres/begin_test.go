@@ -1,4 +1,4 @@
-package inbox
+package postgres_test
 
 import (
 	"testing"
@@ -6,6 +6,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -21,10 +22,10 @@ func TestBeginWithOpensTheTransactionOfItsStatement(t *testing.T) {
 	}
 
 	// Committed: the statement and the ones after it are one transaction.
-	b := &beginWith{pool: db.Pool}
+	b := postgres.BeginWith(db.Pool)
 	_, err = b.Exec(ctx, "INSERT INTO effects VALUES (1)")
 	require.NoError(t, err)
-	tx, err := b.tx()
+	tx, err := b.Tx()
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, "INSERT INTO effects VALUES (2)")
 	require.NoError(t, err)
@@ -33,10 +34,10 @@ func TestBeginWithOpensTheTransactionOfItsStatement(t *testing.T) {
 	require.Equal(t, 2, count())
 
 	// Rolled back: neither statement stays.
-	b = &beginWith{pool: db.Pool}
+	b = postgres.BeginWith(db.Pool)
 	_, err = b.Exec(ctx, "INSERT INTO effects VALUES (3)")
 	require.NoError(t, err)
-	tx, err = b.tx()
+	tx, err = b.Tx()
 	require.NoError(t, err)
 	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, 2, count())
@@ -44,10 +45,10 @@ func TestBeginWithOpensTheTransactionOfItsStatement(t *testing.T) {
 	// A failed statement, whether it fails before BEGIN ran (it could not
 	// be prepared) or after, leaves nothing and gives the connection back.
 	for _, sql := range []string{"INSERT INTO missing VALUES (1)", "INSERT INTO effects VALUES (1 / 0)"} {
-		b = &beginWith{pool: db.Pool}
+		b = postgres.BeginWith(db.Pool)
 		_, err = b.Exec(ctx, sql)
 		require.Error(t, err, sql)
-		tx, err = b.tx()
+		tx, err = b.Tx()
 		require.Error(t, err, sql)
 		if err := tx.Rollback(ctx); err != nil {
 			require.ErrorIs(t, err, pgx.ErrTxClosed, sql)
