@@ -12,6 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/outbox/internal/dbsqlc"
+	"github.com/onceflow/onceflow/internal/postgres"
 )
 
 // Enqueue writes ev to the outbox on the caller's transaction tx; it never
@@ -31,19 +32,10 @@ import (
 //
 // An invalid envelope is refused with an error wrapping event.ErrInvalid.
 func Enqueue(ctx context.Context, tx pgx.Tx, ev event.Envelope) (err error) {
-	if err := ev.Validate(); err != nil {
-		return fmt.Errorf("enqueue: %w", err)
-	}
-	// The data column is jsonb, which would refuse it at insert time with a
-	// less useful error.
-	if !json.Valid(ev.Data) {
-		return fmt.Errorf("enqueue: %w: %s: data is not JSON", event.ErrInvalid, ev.ID)
-	}
-	subject, err := ev.Type.NATSSubject()
+	ev, subject, end, err := prepare(ctx, ev)
 	if err != nil {
 		return fmt.Errorf("enqueue: %w", err)
 	}
-	ev, end := traceEnqueue(ctx, ev, subject)
 	defer func() { end(err) }()
 	err = dbsqlc.New().InsertEvent(ctx, tx, dbsqlc.InsertEventParams{
 		EventID:     ev.ID,
@@ -66,10 +58,59 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ev event.Envelope) (err error) {
 // It is for set-based handlers that emit many events in one transaction. If
 // one envelope is invalid, none is written, and the error wraps
 // event.ErrInvalid.
-func EnqueueBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope) (err error) {
+func EnqueueBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
 	if len(evs) == 0 {
 		return nil
 	}
+	arg, end, err := batchArgs(ctx, evs)
+	if err != nil {
+		return err
+	}
+	err = dbsqlc.New().InsertEvents(ctx, tx, arg)
+	end(err)
+	if err != nil {
+		return fmt.Errorf("enqueue batch of %d events: %w", len(evs), err)
+	}
+	return nil
+}
+
+// QueueBatch is EnqueueBatch whose statement goes on p, to be sent in the
+// caller's transaction with the writes queued around it; the events' spans
+// end when p is sent.
+func QueueBatch(ctx context.Context, p *postgres.Pipeline, evs []event.Envelope) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	arg, end, err := batchArgs(ctx, evs)
+	if err != nil {
+		return err
+	}
+	p.AfterSend(end)
+	return dbsqlc.New().InsertEvents(ctx, p, arg)
+}
+
+// prepare checks ev and starts the span of its write, which end ends with
+// the write's error. The span's context becomes ev's trace parent.
+func prepare(ctx context.Context, ev event.Envelope) (_ event.Envelope, subject string, end func(error), err error) {
+	if err := ev.Validate(); err != nil {
+		return ev, "", nil, err
+	}
+	// The data column is jsonb, which would refuse it at insert time with a
+	// less useful error.
+	if !json.Valid(ev.Data) {
+		return ev, "", nil, fmt.Errorf("%w: %s: data is not JSON", event.ErrInvalid, ev.ID)
+	}
+	if subject, err = ev.Type.NATSSubject(); err != nil {
+		return ev, "", nil, err
+	}
+	ev, end = traceEnqueue(ctx, ev, subject)
+	return ev, subject, end, nil
+}
+
+// batchArgs prepares evs as the arguments of one InsertEvents; end ends
+// their spans. If one envelope is invalid, it returns its error and no
+// span is left open.
+func batchArgs(ctx context.Context, evs []event.Envelope) (_ dbsqlc.InsertEventsParams, end func(error), err error) {
 	arg := dbsqlc.InsertEventsParams{
 		EventIds:     make([]uuid.UUID, len(evs)),
 		EventTypes:   make([]string, len(evs)),
@@ -80,20 +121,20 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope) (err err
 		Datas:        make([][]byte, len(evs)),
 		Traceparents: make([]string, len(evs)),
 	}
+	ends := make([]func(error), 0, len(evs))
+	end = func(err error) {
+		for _, end := range ends {
+			end(err)
+		}
+	}
 	for i, ev := range evs {
-		if err := ev.Validate(); err != nil {
-			return fmt.Errorf("enqueue batch: %w", err)
+		ev, subject, endOne, err := prepare(ctx, ev)
+		if err != nil {
+			err = fmt.Errorf("enqueue batch: %w", err)
+			end(err)
+			return arg, nil, err
 		}
-		if !json.Valid(ev.Data) {
-			return fmt.Errorf("enqueue batch: %w: %s: data is not JSON", event.ErrInvalid, ev.ID)
-		}
-		subject, serr := ev.Type.NATSSubject()
-		if serr != nil {
-			return fmt.Errorf("enqueue batch: %w", serr)
-		}
-		// Each event's span ends with the statement's error.
-		ev, end := traceEnqueue(ctx, ev, subject)
-		defer func() { end(err) }()
+		ends = append(ends, endOne)
 		arg.EventIds[i] = ev.ID
 		arg.EventTypes[i] = string(ev.Type)
 		arg.Sources[i] = ev.Source
@@ -103,10 +144,7 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope) (err err
 		arg.Datas[i] = ev.Data
 		arg.Traceparents[i] = ev.TraceParent
 	}
-	if err := dbsqlc.New().InsertEvents(ctx, tx, arg); err != nil {
-		return fmt.Errorf("enqueue batch of %d events: %w", len(evs), err)
-	}
-	return nil
+	return arg, end, nil
 }
 
 // Redrive marks every row sent at or after since as unsent again, so that the

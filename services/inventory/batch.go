@@ -13,20 +13,21 @@ import (
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox"
 	"github.com/onceflow/onceflow/internal/outbox"
+	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/services/inventory/internal/dbsqlc"
 )
 
 // HandlePaymentDebitedBatch is the set-based form of HandlePaymentDebited
 // for the new PaymentDebited events of an inbox batch: it leaves the
 // database as HandlePaymentDebited called for each event in turn would, in
-// six statements whatever the batch size.
+// six statements and three round trips whatever the batch size.
 //
 // It locks the stock rows of every SKU of the batch once, in SKU order (the
 // order HandlePaymentDebited locks in, so neither form can deadlock the
 // other), decides each order in event order in Go against the stock the
 // orders before it left, and then writes the net decrement per SKU, the
-// reservations, their lines and the outcome events with one statement each.
-// Any error — also another transaction deciding one of the orders at the
+// reservations, their lines and the outcome events with one statement each,
+// sent together. Any error — also another transaction deciding one of the orders at the
 // same time — makes the inbox fall back to HandlePaymentDebited per event.
 func (s *Service) HandlePaymentDebitedBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
 	debited := make([]event.PaymentDebitedV1, len(evs))
@@ -106,22 +107,27 @@ func (s *Service) HandlePaymentDebitedBatch(ctx context.Context, tx pgx.Tx, evs 
 		emitted = append(emitted, next)
 	}
 
-	if err := s.decrementStock(ctx, tx, taken); err != nil {
+	// The writes need no answer from each other: one round trip.
+	var writes postgres.Pipeline
+	if err := s.decrementStock(ctx, &writes, taken); err != nil {
 		return err
 	}
-	if err := s.insertReservations(ctx, tx, reservations); err != nil {
+	if err := s.insertReservations(ctx, &writes, reservations); err != nil {
 		return err
 	}
 	if len(lines.OrderIds) > 0 {
-		if err := s.queries.InsertReservationLinesOfOrders(ctx, tx, lines); err != nil {
+		if err := s.queries.InsertReservationLinesOfOrders(ctx, &writes, lines); err != nil {
 			return fmt.Errorf("record reservation lines of %d orders: %w", len(reservations), err)
 		}
 	}
-	return outbox.EnqueueBatch(ctx, tx, emitted)
+	if err := outbox.QueueBatch(ctx, &writes, emitted); err != nil {
+		return err
+	}
+	return writes.Send(ctx, tx)
 }
 
-// decrementStock takes the net quantity of each SKU, in SKU order.
-func (s *Service) decrementStock(ctx context.Context, tx pgx.Tx, taken map[string]int64) error {
+// decrementStock queues the net decrement of each SKU, in SKU order.
+func (s *Service) decrementStock(ctx context.Context, writes *postgres.Pipeline, taken map[string]int64) error {
 	if len(taken) == 0 {
 		return nil
 	}
@@ -130,22 +136,19 @@ func (s *Service) decrementStock(ctx context.Context, tx pgx.Tx, taken map[strin
 	for i, sku := range arg.Skus {
 		arg.Quantities[i] = taken[sku]
 	}
-	n, err := s.queries.DecrementStock(ctx, tx, arg)
-	if err != nil {
+	if _, err := s.queries.DecrementStock(ctx, writes, arg); err != nil {
 		return fmt.Errorf("decrement stock of %d skus: %w", len(arg.Skus), err)
 	}
-	if n != int64(len(arg.Skus)) {
-		// The rows are locked and were checked: this cannot happen unless
-		// the schema or the locking is broken.
-		return fmt.Errorf("decrement stock: %d of %d skus updated", n, len(arg.Skus))
-	}
+	// The rows are locked and were checked: a SKU left out cannot happen
+	// unless the schema or the locking is broken.
+	writes.Affects(int64(len(arg.Skus)))
 	return nil
 }
 
-// insertReservations records the decisions in order id order, so that two
+// insertReservations queues the decisions in order id order, so that two
 // batches that carry the same order insert their keys in the same order. An
 // order that another transaction decided meanwhile is a unique violation.
-func (s *Service) insertReservations(ctx context.Context, tx pgx.Tx, rs []dbsqlc.InsertReservationParams) error {
+func (s *Service) insertReservations(ctx context.Context, writes *postgres.Pipeline, rs []dbsqlc.InsertReservationParams) error {
 	if len(rs) == 0 {
 		return nil
 	}
@@ -160,7 +163,7 @@ func (s *Service) insertReservations(ctx context.Context, tx pgx.Tx, rs []dbsqlc
 	for i, r := range rs {
 		arg.OrderIds[i], arg.Statuses[i], arg.Reasons[i] = r.OrderID, r.Status, r.Reason
 	}
-	if err := s.queries.InsertReservations(ctx, tx, arg); err != nil {
+	if err := s.queries.InsertReservations(ctx, writes, arg); err != nil {
 		return fmt.Errorf("record %d reservations: %w", len(rs), err)
 	}
 	return nil

@@ -34,6 +34,17 @@ SELECT
 ON CONFLICT (order_id, event_id) DO NOTHING
 RETURNING order_id, event_id;
 
+-- name: InsertTimelines :exec
+-- Records events the order service emits itself (new ids: nothing to skip)
+-- in their orders' timelines; the arrays are parallel.
+INSERT INTO order_timeline (order_id, event_id, event_type, at, reason)
+SELECT
+    unnest(@order_ids::uuid[]),
+    unnest(@event_ids::uuid[]),
+    unnest(@event_types::text[]),
+    unnest(@ats::timestamptz[]),
+    unnest(@reasons::text[]);
+
 -- name: ListTimelineReasons :many
 -- The reasons of the orders' events of one type, per order in the order
 -- FirstTimelineReason reads them: the first row of an order is its answer.

@@ -34,6 +34,37 @@ func (q *Queries) FirstTimelineReason(ctx context.Context, db DBTX, arg FirstTim
 	return reason, err
 }
 
+const insertTimelines = `-- name: InsertTimelines :exec
+INSERT INTO order_timeline (order_id, event_id, event_type, at, reason)
+SELECT
+    unnest($1::uuid[]),
+    unnest($2::uuid[]),
+    unnest($3::text[]),
+    unnest($4::timestamptz[]),
+    unnest($5::text[])
+`
+
+type InsertTimelinesParams struct {
+	OrderIds   []uuid.UUID
+	EventIds   []uuid.UUID
+	EventTypes []string
+	Ats        []time.Time
+	Reasons    []string
+}
+
+// Records events the order service emits itself (new ids: nothing to skip)
+// in their orders' timelines; the arrays are parallel.
+func (q *Queries) InsertTimelines(ctx context.Context, db DBTX, arg InsertTimelinesParams) error {
+	_, err := db.Exec(ctx, insertTimelines,
+		arg.OrderIds,
+		arg.EventIds,
+		arg.EventTypes,
+		arg.Ats,
+		arg.Reasons,
+	)
+	return err
+}
+
 const listTimeline = `-- name: ListTimeline :many
 SELECT order_id, event_id, event_type, at
 FROM order_timeline
