@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Compares two builds of onceflow end to end, in turn: each run starts a
+# fresh `onceflow dev`, drives it with the same build's loadgen, prints the
+# finished rate and the latency, and stops it. Runs alternate (A B A B …)
+# so that the machine's drift between hours falls on both alike.
+#
+#   go build -o /tmp/a ./cmd/onceflow   # on the old commit
+#   go build -o /tmp/b ./cmd/onceflow   # on the new one
+#   bench/ab.sh /tmp/a /tmp/b
+#   RATE=300/s ROUNDS=3 bench/ab.sh /tmp/a /tmp/b
+#
+# RATE       loadgen's rate, 0 for as fast as possible (default 0)
+# DURATION   how long each run places orders (default 40s)
+# ROUNDS     pairs of runs (default 2)
+# DEVFLAGS   extra flags of `onceflow dev`, e.g. --durable
+set -euo pipefail
+[ $# -eq 2 ] || { echo "usage: $0 OLD-BINARY NEW-BINARY" >&2; exit 2; }
+rate=${RATE:-0}
+duration=${DURATION:-40s}
+rounds=${ROUNDS:-2}
+
+run() {
+	local bin=$1 dev
+	# shellcheck disable=SC2086 # DEVFLAGS is a list of flags
+	LOG_LEVEL=warn "$bin" dev --http-port 18080 --nats-port 14222 --pg-port 15432 ${DEVFLAGS:-} >/dev/null 2>&1 &
+	dev=$!
+	for _ in $(seq 240); do
+		"$bin" healthcheck http://127.0.0.1:18083/readyz >/dev/null 2>&1 && break
+		sleep 0.5
+	done
+	"$bin" loadgen --rate "$rate" --duration "$duration" --customers 200 --skus 200 \
+		--order-url http://127.0.0.1:18080 --payment-url http://127.0.0.1:18081 --inventory-url http://127.0.0.1:18082 2>/dev/null |
+		grep -E '^  (finished|placed→confirmed)' || true
+	kill -INT "$dev"
+	wait "$dev" || true
+}
+
+old=$1 new=$2
+for round in $(seq "$rounds"); do
+	echo "== round $round, A: $old"
+	run "$old"
+	echo "== round $round, B: $new"
+	run "$new"
+done
