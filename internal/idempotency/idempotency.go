@@ -85,18 +85,19 @@ func (s *Store) Do(ctx context.Context, req Request, fn func(ctx context.Context
 		// After Commit it does nothing.
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	}
+	claimed := !errors.Is(claimErr, pgx.ErrNoRows) // no row: the key was claimed before
 	switch {
-	case errors.Is(claimErr, pgx.ErrNoRows):
+	case isLockTimeout(claimErr):
+		return Response{}, false, ErrInFlight
+	case claimed && claimErr != nil:
+		return Response{}, false, fmt.Errorf("claim idempotency key: %w", claimErr)
+	case err != nil:
+		return Response{}, false, fmt.Errorf("begin: %w", err)
+	case !claimed:
 		if resp, err = s.stored(ctx, tx, req); err != nil {
 			return Response{}, false, err
 		}
 		return resp, true, nil
-	case isLockTimeout(claimErr):
-		return Response{}, false, ErrInFlight
-	case claimErr != nil:
-		return Response{}, false, fmt.Errorf("claim idempotency key: %w", claimErr)
-	case err != nil:
-		return Response{}, false, fmt.Errorf("begin: %w", err)
 	}
 	if resp, err = fn(ctx, tx); err != nil {
 		return Response{}, false, err

@@ -57,7 +57,7 @@ func (p *Pipeline) Len() int { return p.batch.Len() }
 
 // Send runs the queued statements on tx, in order, in one round trip. An
 // error names the statement (sqlc's query name) that failed; the ones after
-// it did not run, and tx is aborted.
+// it did not run, and tx is aborted. A Pipeline is sent once.
 func (p *Pipeline) Send(ctx context.Context, tx pgx.Tx) (err error) {
 	defer func() {
 		for _, f := range p.after {
