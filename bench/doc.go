@@ -7,11 +7,14 @@
 // one run can be compared as ratios: the database's limit (the inbox's SQL
 // issued straight from Go), the broker's limit (async publish, pull-consume
 // with acks), the inbox consumer unbatched, batched and batched set-based,
-// a naive consumer with the same handler and no inbox, the payment and
-// inventory handlers through the inbox, the outbox relay, and a Watermill
+// a naive consumer with the same handler and no inbox, each service's
+// handlers through the inbox (per event, set-based, set-based on two
+// workers), notify's mailer, the outbox relay, and a Watermill
 // forwarder as a peer baseline. Each one that touches PostgreSQL runs on the
 // test environment's fast cluster (fsync off) and on a durable local cluster
 // (PostgreSQL's crash-safe defaults): the durable figures are the honest
 // ones. bench/run.sh runs them side by side and prints the ratios against
-// the project's targets (`make bench`).
+// the project's targets (`make bench`); bench/e2e.sh drives `onceflow dev`
+// with loadgen, and bench/ab.sh compares two builds end to end in
+// alternating runs.
 package bench
