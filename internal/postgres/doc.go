@@ -1,7 +1,14 @@
-// Package postgres opens connection pools and migrates service databases.
+// Package postgres opens connection pools and migrates service databases,
+// and holds the few helpers that save round trips to them.
 //
 // A database's Schema is an ordered list of migration sets (the platform set
 // first, then the service's own); each set is applied with goose and
 // versioned in its own table, under a PostgreSQL advisory lock so that
 // replicas starting together do not race each other.
+//
+// The helpers are sqlc DBTXs, so that queries still go through the
+// generated code: BeginWith sends a transaction's BEGIN with its first
+// statement, Pipeline sends statements that need no answer from each other
+// in one round trip, and PlanEachCall has PostgreSQL plan each statement for
+// its arguments (a set-based batch's arrays).
 package postgres
