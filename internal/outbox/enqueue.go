@@ -59,16 +59,11 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ev event.Envelope) (err error) {
 // one envelope is invalid, none is written, and the error wraps
 // event.ErrInvalid.
 func EnqueueBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
-	if len(evs) == 0 {
-		return nil
-	}
-	arg, end, err := batchArgs(ctx, evs)
-	if err != nil {
+	var p postgres.Pipeline
+	if err := QueueBatch(ctx, &p, evs); err != nil {
 		return err
 	}
-	err = dbsqlc.New().InsertEvents(ctx, tx, arg)
-	end(err)
-	if err != nil {
+	if err := p.Send(ctx, tx); err != nil {
 		return fmt.Errorf("enqueue batch of %d events: %w", len(evs), err)
 	}
 	return nil
@@ -76,7 +71,7 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
 
 // QueueBatch is EnqueueBatch whose statement goes on p, to be sent in the
 // caller's transaction with the writes queued around it; the events' spans
-// end when p is sent.
+// end when p is sent. An invalid envelope is refused at once.
 func QueueBatch(ctx context.Context, p *postgres.Pipeline, evs []event.Envelope) error {
 	if len(evs) == 0 {
 		return nil

@@ -52,9 +52,6 @@ func (p *Pipeline) Affects(n int64) { p.rows[len(p.rows)-1] = n }
 // have run (e.g. to end their spans).
 func (p *Pipeline) AfterSend(f func(error)) { p.after = append(p.after, f) }
 
-// Len is the number of statements queued.
-func (p *Pipeline) Len() int { return p.batch.Len() }
-
 // Send runs the queued statements on tx, in order, in one round trip. An
 // error names the statement (sqlc's query name) that failed; the ones after
 // it did not run, and tx is aborted. A Pipeline is sent once.
