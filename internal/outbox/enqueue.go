@@ -55,8 +55,9 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ev event.Envelope) (err error) {
 
 // EnqueueBatch writes evs to the outbox on tx with one statement, as Enqueue
 // would write each of them in turn: they are published in the order of evs.
-// It is for set-based handlers that emit many events in one transaction. If
-// one envelope is invalid, none is written, and the error wraps
+// It writes many events in one round trip; a set-based handler that has
+// other writes to send queues them together with QueueBatch. If one
+// envelope is invalid, none is written, and the error wraps
 // event.ErrInvalid.
 func EnqueueBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
 	var p postgres.Pipeline
