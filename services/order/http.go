@@ -3,6 +3,7 @@ package order
 import (
 	"context"
 	_ "embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -216,22 +217,18 @@ func (s *Service) get(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	var orders []Order
-	err = s.read(c.Request().Context(), func(ctx context.Context, tx pgx.Tx) error {
-		o, err := s.queries.GetOrder(ctx, tx, id)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			return httpapi.NotFound("order %s does not exist", id)
-		case err != nil:
-			return fmt.Errorf("get order %s: %w", id, err)
-		}
-		orders, err = s.views(ctx, tx, []dbsqlc.Order{o})
-		return err
-	})
+	v, err := s.queries.GetOrderView(c.Request().Context(), s.pool, id)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return httpapi.NotFound("order %s does not exist", id)
+	case err != nil:
+		return fmt.Errorf("get order %s: %w", id, err)
+	}
+	o, err := orderOf(v)
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, orders[0])
+	return c.JSON(http.StatusOK, o)
 }
 
 func (s *Service) list(c echo.Context) error {
@@ -247,71 +244,43 @@ func (s *Service) list(c echo.Context) error {
 		}
 		limit = n
 	}
-	var orders []Order
-	err := s.read(c.Request().Context(), func(ctx context.Context, tx pgx.Tx) error {
-		rows, err := s.queries.ListCustomerOrders(ctx, tx, dbsqlc.ListCustomerOrdersParams{
-			CustomerID: customerID,
-			MaxRows:    int32(limit),
-		})
-		if err != nil {
-			return fmt.Errorf("list orders of %s: %w", customerID, err)
-		}
-		orders, err = s.views(ctx, tx, rows)
-		return err
+	views, err := s.queries.ListCustomerOrderViews(c.Request().Context(), s.pool, dbsqlc.ListCustomerOrderViewsParams{
+		CustomerID: customerID,
+		MaxRows:    int32(limit),
 	})
 	if err != nil {
-		return err
+		return fmt.Errorf("list orders of %s: %w", customerID, err)
+	}
+	orders := make([]Order, len(views))
+	for i, v := range views {
+		if orders[i], err = orderOf(v); err != nil {
+			return err
+		}
 	}
 	return c.JSON(http.StatusOK, OrderList{Orders: orders})
 }
 
-// read runs fn in a read-only snapshot, so that an order's status, items
-// and timeline are read as of one moment even while events change them.
-func (s *Service) read(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		return fn(ctx, tx)
-	})
-}
-
-// views completes orders with their items and timelines, in two queries
-// whatever their number.
-func (s *Service) views(ctx context.Context, db dbsqlc.DBTX, rows []dbsqlc.Order) ([]Order, error) {
-	ids := make([]uuid.UUID, len(rows))
-	orders := make([]Order, len(rows))
-	byID := make(map[uuid.UUID]*Order, len(rows))
-	for i, r := range rows {
-		ids[i] = r.ID
-		orders[i] = Order{
-			ID:            r.ID,
-			CustomerID:    r.CustomerID,
-			CustomerEmail: r.CustomerEmail,
-			Status:        r.Status,
-			TotalCents:    r.TotalCents,
-			Items:         []Item{},
-			Timeline:      []TimelineEntry{},
-			CreatedAt:     r.CreatedAt.UTC(),
-			UpdatedAt:     r.UpdatedAt.UTC(),
-		}
-		byID[r.ID] = &orders[i]
+// orderOf is the API's view of an order read from order_views, which reads
+// an order with its items and timeline in one statement, and so in one
+// snapshot even while events change the order.
+func orderOf(v dbsqlc.OrderView) (Order, error) {
+	o := Order{
+		ID:            v.ID,
+		CustomerID:    v.CustomerID,
+		CustomerEmail: v.CustomerEmail,
+		Status:        v.Status,
+		TotalCents:    v.TotalCents,
+		CreatedAt:     v.CreatedAt.UTC(),
+		UpdatedAt:     v.UpdatedAt.UTC(),
 	}
-	if len(rows) == 0 {
-		return orders, nil
+	if err := json.Unmarshal(v.Items, &o.Items); err != nil {
+		return Order{}, fmt.Errorf("items of order %s: %w", v.ID, err)
 	}
-	lines, err := s.queries.ListOrderLines(ctx, db, ids)
-	if err != nil {
-		return nil, fmt.Errorf("list order lines: %w", err)
+	if err := json.Unmarshal(v.Timeline, &o.Timeline); err != nil {
+		return Order{}, fmt.Errorf("timeline of order %s: %w", v.ID, err)
 	}
-	for _, l := range lines {
-		o := byID[l.OrderID]
-		o.Items = append(o.Items, Item{SKU: l.Sku, Quantity: l.Quantity, UnitPriceCents: l.UnitPriceCents})
+	for i := range o.Timeline {
+		o.Timeline[i].At = o.Timeline[i].At.UTC()
 	}
-	timeline, err := s.queries.ListTimeline(ctx, db, ids)
-	if err != nil {
-		return nil, fmt.Errorf("list order timelines: %w", err)
-	}
-	for _, e := range timeline {
-		o := byID[e.OrderID]
-		o.Timeline = append(o.Timeline, TimelineEntry{Type: event.Type(e.EventType), EventID: e.EventID, At: e.At.UTC()})
-	}
-	return orders, nil
+	return o, nil
 }

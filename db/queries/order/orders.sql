@@ -19,9 +19,9 @@ WITH new_order AS (
 SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
 FROM new_order;
 
--- name: GetOrder :one
-SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
-FROM orders
+-- name: GetOrderView :one
+SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at, items, timeline
+FROM order_views
 WHERE id = @id;
 
 -- name: LockOrder :one
@@ -38,19 +38,13 @@ UPDATE orders
 SET status = @status, updated_at = now()
 WHERE id = @id;
 
--- name: ListCustomerOrders :many
+-- name: ListCustomerOrderViews :many
 -- A customer's orders, newest first.
-SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
-FROM orders
+SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at, items, timeline
+FROM order_views
 WHERE customer_id = @customer_id
 ORDER BY created_at DESC, id DESC
 LIMIT @max_rows;
-
--- name: ListOrderLines :many
-SELECT order_id, sku, quantity, unit_price_cents
-FROM order_lines
-WHERE order_id = ANY (@order_ids::uuid[])
-ORDER BY order_id, line_no;
 
 -- name: LockOrders :many
 -- The orders among ids, locked in id order: a batch that touches several

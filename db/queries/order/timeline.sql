@@ -5,12 +5,6 @@ INSERT INTO order_timeline (order_id, event_id, event_type, at, reason)
 VALUES (@order_id, @event_id, @event_type, @at, @reason)
 ON CONFLICT (order_id, event_id) DO NOTHING;
 
--- name: ListTimeline :many
-SELECT order_id, event_id, event_type, at
-FROM order_timeline
-WHERE order_id = ANY (@order_ids::uuid[])
-ORDER BY order_id, at, event_id;
-
 -- name: FirstTimelineReason :one
 -- The reason of the order's first event of one type, e.g. why stock was
 -- refused when the refund that follows it cancels the order.

@@ -19,3 +19,15 @@ type Order struct {
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
 }
+
+type OrderView struct {
+	ID            uuid.UUID
+	CustomerID    string
+	CustomerEmail string
+	Status        string
+	TotalCents    int64
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
+	Items         []byte
+	Timeline      []byte
+}

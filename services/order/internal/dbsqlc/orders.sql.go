@@ -25,15 +25,15 @@ func (q *Queries) CountOrdersInFlight(ctx context.Context, db DBTX) (int64, erro
 	return count, err
 }
 
-const getOrder = `-- name: GetOrder :one
-SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
-FROM orders
+const getOrderView = `-- name: GetOrderView :one
+SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at, items, timeline
+FROM order_views
 WHERE id = $1
 `
 
-func (q *Queries) GetOrder(ctx context.Context, db DBTX, id uuid.UUID) (Order, error) {
-	row := db.QueryRow(ctx, getOrder, id)
-	var i Order
+func (q *Queries) GetOrderView(ctx context.Context, db DBTX, id uuid.UUID) (OrderView, error) {
+	row := db.QueryRow(ctx, getOrderView, id)
+	var i OrderView
 	err := row.Scan(
 		&i.ID,
 		&i.CustomerID,
@@ -42,6 +42,8 @@ func (q *Queries) GetOrder(ctx context.Context, db DBTX, id uuid.UUID) (Order, e
 		&i.TotalCents,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Items,
+		&i.Timeline,
 	)
 	return i, err
 }
@@ -119,29 +121,29 @@ func (q *Queries) InsertOrderWithLines(ctx context.Context, db DBTX, arg InsertO
 	return i, err
 }
 
-const listCustomerOrders = `-- name: ListCustomerOrders :many
-SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
-FROM orders
+const listCustomerOrderViews = `-- name: ListCustomerOrderViews :many
+SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at, items, timeline
+FROM order_views
 WHERE customer_id = $1
 ORDER BY created_at DESC, id DESC
 LIMIT $2
 `
 
-type ListCustomerOrdersParams struct {
+type ListCustomerOrderViewsParams struct {
 	CustomerID string
 	MaxRows    int32
 }
 
 // A customer's orders, newest first.
-func (q *Queries) ListCustomerOrders(ctx context.Context, db DBTX, arg ListCustomerOrdersParams) ([]Order, error) {
-	rows, err := db.Query(ctx, listCustomerOrders, arg.CustomerID, arg.MaxRows)
+func (q *Queries) ListCustomerOrderViews(ctx context.Context, db DBTX, arg ListCustomerOrderViewsParams) ([]OrderView, error) {
+	rows, err := db.Query(ctx, listCustomerOrderViews, arg.CustomerID, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []Order{}
+	items := []OrderView{}
 	for rows.Next() {
-		var i Order
+		var i OrderView
 		if err := rows.Scan(
 			&i.ID,
 			&i.CustomerID,
@@ -150,45 +152,8 @@ func (q *Queries) ListCustomerOrders(ctx context.Context, db DBTX, arg ListCusto
 			&i.TotalCents,
 			&i.CreatedAt,
 			&i.UpdatedAt,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const listOrderLines = `-- name: ListOrderLines :many
-SELECT order_id, sku, quantity, unit_price_cents
-FROM order_lines
-WHERE order_id = ANY ($1::uuid[])
-ORDER BY order_id, line_no
-`
-
-type ListOrderLinesRow struct {
-	OrderID        uuid.UUID
-	Sku            string
-	Quantity       int32
-	UnitPriceCents int64
-}
-
-func (q *Queries) ListOrderLines(ctx context.Context, db DBTX, orderIds []uuid.UUID) ([]ListOrderLinesRow, error) {
-	rows, err := db.Query(ctx, listOrderLines, orderIds)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []ListOrderLinesRow{}
-	for rows.Next() {
-		var i ListOrderLinesRow
-		if err := rows.Scan(
-			&i.OrderID,
-			&i.Sku,
-			&i.Quantity,
-			&i.UnitPriceCents,
+			&i.Items,
+			&i.Timeline,
 		); err != nil {
 			return nil, err
 		}

@@ -65,45 +65,6 @@ func (q *Queries) InsertTimelines(ctx context.Context, db DBTX, arg InsertTimeli
 	return err
 }
 
-const listTimeline = `-- name: ListTimeline :many
-SELECT order_id, event_id, event_type, at
-FROM order_timeline
-WHERE order_id = ANY ($1::uuid[])
-ORDER BY order_id, at, event_id
-`
-
-type ListTimelineRow struct {
-	OrderID   uuid.UUID
-	EventID   uuid.UUID
-	EventType string
-	At        time.Time
-}
-
-func (q *Queries) ListTimeline(ctx context.Context, db DBTX, orderIds []uuid.UUID) ([]ListTimelineRow, error) {
-	rows, err := db.Query(ctx, listTimeline, orderIds)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []ListTimelineRow{}
-	for rows.Next() {
-		var i ListTimelineRow
-		if err := rows.Scan(
-			&i.OrderID,
-			&i.EventID,
-			&i.EventType,
-			&i.At,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const listTimelineReasons = `-- name: ListTimelineReasons :many
 SELECT order_id, event_id, reason
 FROM order_timeline
