@@ -31,13 +31,28 @@ import (
 // ev.TraceParent of another trace than ctx's is kept (see traceEnqueue).
 //
 // An invalid envelope is refused with an error wrapping event.ErrInvalid.
-func Enqueue(ctx context.Context, tx pgx.Tx, ev event.Envelope) (err error) {
+func Enqueue(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	var p postgres.Pipeline
+	if err := Queue(ctx, &p, ev); err != nil {
+		return err
+	}
+	if err := p.Send(ctx, tx); err != nil {
+		return fmt.Errorf("enqueue %s %s: %w", ev.Type, ev.ID, err)
+	}
+	return nil
+}
+
+// Queue is Enqueue whose statement goes on p, to be sent in the caller's
+// transaction with the statements around it (Pipeline.Send, or ahead of the
+// next statement with Pipeline.Then); the event's span ends when p is sent.
+// An invalid envelope is refused at once.
+func Queue(ctx context.Context, p *postgres.Pipeline, ev event.Envelope) error {
 	ev, subject, end, err := prepare(ctx, ev)
 	if err != nil {
 		return fmt.Errorf("enqueue: %w", err)
 	}
-	defer func() { end(err) }()
-	err = dbsqlc.New().InsertEvent(ctx, tx, dbsqlc.InsertEventParams{
+	p.AfterSend(end)
+	return dbsqlc.New().InsertEvent(ctx, p, dbsqlc.InsertEventParams{
 		EventID:     ev.ID,
 		EventType:   string(ev.Type),
 		Source:      ev.Source,
@@ -47,10 +62,6 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ev event.Envelope) (err error) {
 		Data:        ev.Data,
 		Traceparent: ev.TraceParent,
 	})
-	if err != nil {
-		return fmt.Errorf("enqueue %s %s: %w", ev.Type, ev.ID, err)
-	}
-	return nil
 }
 
 // EnqueueBatch writes evs to the outbox on tx with one statement, as Enqueue

@@ -11,9 +11,11 @@ import (
 )
 
 // Pipeline is a sqlc DBTX that queues the statements of :exec and :execrows
-// methods and sends them in one round trip with Send: for the writes at the
-// end of a set-based batch, none of which needs the answer of another. On
-// this project's machine a round trip costs more than a small statement.
+// methods and sends them in one round trip: with Send, or ahead of the next
+// statement that needs an answer, with Then. It is for writes none of which
+// needs the answer of another, such as those at the end of a set-based
+// batch. On this project's machine a round trip costs more than a small
+// statement.
 //
 // A queued statement has not run when its method returns: the method
 // reports no error and no rows affected. Send reports the first statement
@@ -52,20 +54,47 @@ func (p *Pipeline) Affects(n int64) { p.rows[len(p.rows)-1] = n }
 // have run (e.g. to end their spans).
 func (p *Pipeline) AfterSend(f func(error)) { p.after = append(p.after, f) }
 
-// Send runs the queued statements on tx, in order, in one round trip. An
-// error names the statement (sqlc's query name) that failed; the ones after
-// it did not run, and tx is aborted. A Pipeline is sent once.
-func (p *Pipeline) Send(ctx context.Context, tx pgx.Tx) (err error) {
-	defer func() {
-		for _, f := range p.after {
-			f(err)
-		}
-	}()
+// BatchSender is what a Pipeline is sent through: a pgx.Tx, a *pgx.Conn or
+// a *pgxpool.Conn.
+type BatchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// Send runs the queued statements through db, in order, in one round trip.
+// An error names the statement (sqlc's query name) that failed; the ones
+// after it did not run, and a transaction they ran in is aborted. Outside a
+// transaction they run in one implicit transaction: all or none. A Pipeline
+// is sent once.
+func (p *Pipeline) Send(ctx context.Context, db BatchSender) (err error) {
+	defer func() { p.done(err) }()
 	if p.batch.Len() == 0 {
 		return nil
 	}
-	br := tx.SendBatch(ctx, &p.batch)
-	for i, q := range p.batch.QueuedQueries {
+	br := db.SendBatch(ctx, &p.batch)
+	if err := p.results(br, p.batch.Len()); err != nil {
+		return err
+	}
+	return br.Close()
+}
+
+// Then returns a sqlc DBTX for the one statement that follows the queued
+// ones and needs an answer (a read, or the next step's first statement): it
+// is sent through db after them, in the same round trip, and answers as if
+// it ran alone once they all succeeded. If one of them failed, it answers
+// with that statement's error, as Send would. The Pipeline is sent with it.
+func (p *Pipeline) Then(db BatchSender) DBTX { return then{p: p, db: db} }
+
+// DBTX is what sqlc's methods run their statements on.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// results reads the answers of the first n queued statements from br and
+// checks their row counts. On an error it closes br.
+func (p *Pipeline) results(br pgx.BatchResults, n int) error {
+	for i, q := range p.batch.QueuedQueries[:n] {
 		tag, err := br.Exec()
 		if err == nil && p.rows[i] >= 0 && tag.RowsAffected() != p.rows[i] {
 			err = fmt.Errorf("%d rows affected, %d expected", tag.RowsAffected(), p.rows[i])
@@ -75,7 +104,92 @@ func (p *Pipeline) Send(ctx context.Context, tx pgx.Tx) (err error) {
 			return fmt.Errorf("%s: %w", queryName(q.SQL), err)
 		}
 	}
-	return br.Close()
+	return nil
+}
+
+func (p *Pipeline) done(err error) {
+	for _, f := range p.after {
+		f(err)
+	}
+}
+
+// then is the DBTX of Pipeline.Then.
+type then struct {
+	p  *Pipeline
+	db BatchSender
+}
+
+// send sends the queued statements and sql, and returns the batch's results
+// positioned at sql's answer.
+func (t then) send(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
+	n := t.p.batch.Len()
+	t.p.batch.Queue(sql, args...)
+	br := t.db.SendBatch(ctx, &t.p.batch)
+	err := t.p.results(br, n)
+	t.p.done(err)
+	if err != nil {
+		return nil, err
+	}
+	return br, nil
+}
+
+func (t then) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	br, err := t.send(ctx, sql, args)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+func (t then) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	br, err := t.send(ctx, sql, args)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return nil, err
+	}
+	return batchRows{Rows: rows, br: br}, nil
+}
+
+func (t then) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	br, err := t.send(ctx, sql, args)
+	if err != nil {
+		return errRow{err}
+	}
+	return batchRow{row: br.QueryRow(), br: br}
+}
+
+// batchRows are the rows of a batch's last statement; closing them closes
+// the batch, which hands its connection back.
+type batchRows struct {
+	pgx.Rows
+	br pgx.BatchResults
+}
+
+func (r batchRows) Close() {
+	r.Rows.Close()
+	_ = r.br.Close() // a failure shows in the rows' Err
+}
+
+// batchRow is the row of a batch's last statement; Scan closes the batch.
+type batchRow struct {
+	row pgx.Row
+	br  pgx.BatchResults
+}
+
+func (r batchRow) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	if cerr := r.br.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // queryName is the name sqlc gives a query in its first line

@@ -83,6 +83,81 @@ func TestPipelineSendsItsStatementsInOrderInTheTransaction(t *testing.T) {
 	}
 }
 
+// Then sends the queued statements and one that answers in one round trip:
+// its answer sees their writes, and a failure among them is its error.
+func TestPipelineThenAnswersAfterTheQueuedStatements(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewServiceDatabase(t, "")
+	ctx := t.Context()
+	_, err := db.Pool.Exec(ctx, "CREATE TABLE effects (n int PRIMARY KEY)")
+	require.NoError(t, err)
+	const count = "SELECT count(*) FROM effects"
+
+	queued := func(sql string) (*postgres.Pipeline, *[]error) {
+		var p postgres.Pipeline
+		exec(t, &p, sql)
+		var after []error
+		p.AfterSend(func(err error) { after = append(after, err) })
+		return &p, &after
+	}
+
+	t.Run("QueryRow, in a transaction", func(t *testing.T) {
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		p, after := queued("INSERT INTO effects VALUES (1), (2)")
+		var n int
+		require.NoError(t, p.Then(tx).QueryRow(ctx, count).Scan(&n))
+		require.Equal(t, 2, n)
+		require.Equal(t, []error{nil}, *after)
+		require.NoError(t, tx.Rollback(ctx), "the transaction is usable after the round trip")
+	})
+
+	t.Run("Query and Exec, on a pooled connection", func(t *testing.T) {
+		conn, err := db.Pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		p, _ := queued("INSERT INTO effects VALUES (3)")
+		rows, err := p.Then(conn).Query(ctx, "SELECT n FROM effects ORDER BY n")
+		require.NoError(t, err)
+		ns, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		require.NoError(t, err)
+		require.Equal(t, []int32{3}, ns)
+
+		p, _ = queued("INSERT INTO effects VALUES (4)")
+		tag, err := p.Then(conn).Exec(ctx, "DELETE FROM effects")
+		require.NoError(t, err)
+		require.EqualValues(t, 2, tag.RowsAffected())
+		require.NoError(t, conn.Ping(ctx), "the connection is free again")
+	})
+
+	t.Run("a queued statement failed", func(t *testing.T) {
+		conn, err := db.Pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		p, after := queued("-- name: Broken :exec\nINSERT INTO nowhere VALUES (1)")
+		var n int
+		err = p.Then(conn).QueryRow(ctx, count).Scan(&n)
+		require.ErrorContains(t, err, "Broken: ")
+		require.ErrorContains(t, err, `relation "nowhere" does not exist`)
+		require.Len(t, *after, 1)
+		require.Equal(t, err, (*after)[0])
+		require.NoError(t, conn.Ping(ctx), "the connection is free again")
+	})
+
+	t.Run("the last statement failed: outside a transaction, the queued writes are undone", func(t *testing.T) {
+		conn, err := db.Pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		p, after := queued("INSERT INTO effects VALUES (5)")
+		var n int
+		require.Error(t, p.Then(conn).QueryRow(ctx, "SELECT 1/0").Scan(&n))
+		require.Equal(t, []error{nil}, *after, "the queued statement itself succeeded")
+		require.NoError(t, conn.QueryRow(ctx, count).Scan(&n))
+		require.Zero(t, n, "one implicit transaction")
+	})
+}
+
 func TestPipelineRefusesStatementsWithRows(t *testing.T) {
 	t.Parallel()
 	var p postgres.Pipeline

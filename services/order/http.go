@@ -18,6 +18,7 @@ import (
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/internal/outbox"
+	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/services/order/internal/dbsqlc"
 )
 
@@ -143,14 +144,15 @@ func (s *Service) place(c echo.Context) error {
 			params.UnitPricesCents = append(params.UnitPricesCents, l.UnitPriceCents)
 			items[i] = Item{SKU: l.SKU, Quantity: l.Quantity, UnitPriceCents: l.UnitPriceCents}
 		}
-		// The order, its lines and the OrderPlaced timeline entry in one
-		// statement, then the event itself in the outbox.
-		o, err := s.queries.InsertOrderWithLines(ctx, tx, params)
-		if err != nil {
-			return 0, nil, fmt.Errorf("insert order: %w", err)
-		}
-		if err := outbox.Enqueue(ctx, tx, ev); err != nil {
+		// The event in the outbox and, in the same round trip, the order,
+		// its lines and the OrderPlaced timeline entry in one statement.
+		var writes postgres.Pipeline
+		if err := outbox.Queue(ctx, &writes, ev); err != nil {
 			return 0, nil, err
+		}
+		o, err := s.queries.InsertOrderWithLines(ctx, writes.Then(tx), params)
+		if err != nil {
+			return 0, nil, fmt.Errorf("place order: %w", err)
 		}
 		// As GET shows it, without reading it back: the times are the
 		// database's (event times are kept to the microsecond it stores),
