@@ -22,7 +22,9 @@
 // out the one after, so the database's work and the broker's overlap. At
 // most two batches are claimed and not yet marked; a claim leaves them out
 // by id. Batches are marked in the order they were claimed, each once all
-// its acks are in (or up to its first failure).
+// its acks are in (or up to its first failure). A mark goes to the database
+// in one round trip with the next claim, so a flush ends with a claim that
+// found nothing and carried the last mark.
 //
 // Waking the relay: a commit that notifies takes a lock that every other
 // notifying commit of the cluster waits for, so commits notify only while the
@@ -31,9 +33,9 @@
 // shared until its commit: the relay gets it only once no commit that
 // inserted rows is in progress, flushes once more to publish what those
 // committed, and waits; while it holds the lock, the trigger cannot take it
-// and the commit notifies. A relay that is busy looks again as soon as a
-// flush ends, and one that cannot get the lock (commits in progress) looks
-// again within milliseconds. A standby relay does not sleep this way: it
+// and the commit notifies. A relay that is busy keeps claiming while its
+// claims find rows, and one that cannot get the lock (commits in progress)
+// looks again within milliseconds. A standby relay does not sleep this way: it
 // learns that the publishing relay is gone by polling.
 //
 // A claim starts at the lowest unsent id, never after the last row claimed.

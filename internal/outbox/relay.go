@@ -16,6 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/outbox/internal/dbsqlc"
+	"github.com/onceflow/onceflow/internal/postgres"
 )
 
 // DefaultLockKey is the advisory lock key that the relays of one database
@@ -179,10 +180,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			// Another relay publishes. Commits do not notify while it
 			// works, so only the poll notices when it is gone.
 			l.wait(ctx, r.cfg.PollInterval, true)
-		case sent > 0:
-			// Busy: look again at once. Commits do not notify meanwhile.
-			pause = minBusyPause
 		default:
+			// The flush ended with a claim that found nothing.
+			if sent > 0 {
+				pause = minBusyPause
+			}
 			switch l.sleep(ctx) {
 			case sleepless:
 				l.wait(ctx, r.cfg.PollInterval, true)
@@ -281,12 +283,16 @@ type batch struct {
 
 // relay publishes the outbox batch after batch and marks the batches sent in
 // the order they were claimed, on conn, whose session holds the relay lock.
-// It returns how many rows it marked sent.
+// It returns how many rows it marked sent, once a claim found nothing more
+// to publish (or ctx is done, or an error cut it short).
 //
 // Up to pipelineDepth batches are claimed and not yet marked at a time, and
 // a goroutine of the flush publishes them, in order: while the database marks
 // one batch and hands out the next, the client publishes and the broker
-// stores the ones in between.
+// stores the ones in between. A batch's mark goes to the database with the
+// next claim, in one round trip: under load a batch costs one round trip,
+// and when the outbox runs dry the claim that finds nothing carries the last
+// mark.
 func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn) (int, error) {
 	// Batches in flight are finished even when ctx is canceled: their
 	// messages may already be in the stream and should be marked sent.
@@ -301,13 +307,15 @@ func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn) (int, error) {
 
 	var (
 		inFlight []*batch
+		marks    marks // of the batches settled since the last round trip
 		total    int
 		more     = true // unsent rows may lie beyond the last claim
 		claimErr error
 	)
 	for {
-		for more && len(inFlight) < pipelineDepth && ctx.Err() == nil {
-			rows, err := r.claim(work, conn, inFlight)
+		for (more || marks.queued()) && claimErr == nil && len(inFlight) < pipelineDepth && ctx.Err() == nil {
+			rows, err := r.claim(work, conn, inFlight, &marks)
+			total += r.marked(&marks, err)
 			if err != nil {
 				// Finish what is in flight first: the connection may
 				// still be good enough to mark it.
@@ -328,8 +336,8 @@ func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn) (int, error) {
 		}
 		b := inFlight[0]
 		inFlight = inFlight[1:]
-		sent, err := r.settle(work, conn, b)
-		total += sent
+		acked, err := r.settle(work, b)
+		marks.add(r, b, acked, err)
 		if err != nil {
 			// The rows behind a failure stay unsent, acked or not, and are
 			// published again in order with the same message ids. Halting
@@ -340,22 +348,93 @@ func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn) (int, error) {
 				<-later.published
 				r.abandon(later, err)
 			}
-			return total, err
+			n, merr := r.sendMarks(work, conn, &marks)
+			return total + n, cmp.Or(merr, err)
 		}
 	}
-	if claimErr != nil {
+	// No claim carried the last marks: ctx is done, or a claim failed.
+	n, err := r.sendMarks(work, conn, &marks)
+	total += n
+	switch {
+	case err != nil:
+		return total, err
+	case claimErr != nil:
 		return total, r.failed(claimErr)
-	}
-	if more {
+	case more:
 		return total, ctx.Err() // stopped early by ctx
 	}
 	return total, nil
 }
 
+// marks are the marks of settled batches, queued to go to the database with
+// the next statement on the relay's connection.
+type marks struct {
+	p       postgres.Pipeline
+	batches []settled
+}
+
+// settled is a batch whose acks are in: its first acked rows are to be
+// marked sent, and err cut it short.
+type settled struct {
+	acked int
+	err   error
+}
+
+// add queues the mark of b's first acked rows.
+func (m *marks) add(r *Relay, b *batch, acked int, err error) {
+	if acked > 0 {
+		rows := b.rows[:acked]
+		ids := make([]int64, len(rows))
+		for i, row := range rows {
+			ids[i] = row.ID
+		}
+		// Queued: the error is Send's or Then's.
+		_ = r.queries.MarkSent(context.Background(), &m.p, dbsqlc.MarkSentParams{FirstID: ids[0], LastID: ids[len(ids)-1], Ids: ids})
+	}
+	m.batches = append(m.batches, settled{acked: acked, err: err})
+}
+
+func (m *marks) queued() bool { return len(m.batches) > 0 }
+
+// marked reports the outcome of the queued marks, which went with a statement
+// that returned err (a failure of either undoes both: they ran in one
+// implicit transaction), and returns how many rows they marked. The queue is
+// empty again.
+func (r *Relay) marked(m *marks, err error) int {
+	n := 0
+	for _, b := range m.batches {
+		if err != nil {
+			b.acked, b.err = 0, fmt.Errorf("mark outbox rows sent: %w", err)
+		}
+		n += b.acked
+		if r.batchDone != nil {
+			r.batchDone(b.acked, b.err)
+		}
+	}
+	*m = marks{}
+	return n
+}
+
+// sendMarks sends the queued marks on their own and returns how many rows
+// they marked.
+func (r *Relay) sendMarks(ctx context.Context, conn *pgxpool.Conn, m *marks) (int, error) {
+	if !m.queued() {
+		return 0, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.dbTimeout())
+	defer cancel()
+	err := m.p.Send(ctx, conn)
+	n := r.marked(m, err)
+	if err != nil {
+		return n, fmt.Errorf("mark outbox rows sent: %w", err)
+	}
+	return n, nil
+}
+
 // claim returns the next batch of unsent rows in id order, leaving out the
-// rows of the batches in flight. Each row tells whether more unsent rows lie
-// beyond the batch.
-func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn, inFlight []*batch) ([]dbsqlc.ClaimUnsentRow, error) {
+// rows of the batches in flight; the queued marks go with it. Each row tells
+// whether more unsent rows lie beyond the batch.
+func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn, inFlight []*batch, m *marks) ([]dbsqlc.ClaimUnsentRow, error) {
 	n := 0
 	for _, b := range inFlight {
 		n += len(b.rows)
@@ -368,7 +447,7 @@ func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn, inFlight []*batch
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.dbTimeout())
 	defer cancel()
-	rows, err := r.queries.ClaimUnsent(ctx, conn, dbsqlc.ClaimUnsentParams{InFlight: ids, BatchSize: int64(r.cfg.BatchSize)})
+	rows, err := r.queries.ClaimUnsent(ctx, m.p.Then(conn), dbsqlc.ClaimUnsentParams{InFlight: ids, BatchSize: int64(r.cfg.BatchSize)})
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox rows: %w", err)
 	}
@@ -424,25 +503,17 @@ func (r *Relay) publish(ctx context.Context, b *batch) {
 	}
 }
 
-// settle waits for the acks of b and marks sent the rows before the first
-// that was not acknowledged. It returns how many rows it marked, and the
-// error that cut the batch short.
-func (r *Relay) settle(ctx context.Context, conn *pgxpool.Conn, b *batch) (int, error) {
+// settle waits for the acks of b. It returns how many of its first rows
+// were acknowledged, to be marked sent, and the error that cut the batch
+// short.
+func (r *Relay) settle(ctx context.Context, b *batch) (int, error) {
 	<-b.published
 	acked, err := r.await(ctx, b)
 	r.observePublish(b, acked, err)
 	if acked > 0 && r.afterPublish != nil {
 		if herr := r.afterPublish(); herr != nil {
-			return 0, r.failed(herr)
+			return 0, herr
 		}
-	}
-	if acked > 0 {
-		if merr := r.mark(ctx, conn, b.rows[:acked]); merr != nil {
-			return 0, r.failed(merr)
-		}
-	}
-	if r.batchDone != nil {
-		r.batchDone(acked, err)
 	}
 	return acked, err
 }
@@ -471,21 +542,6 @@ func (r *Relay) await(ctx context.Context, b *batch) (acked int, err error) {
 		r.logger.DebugContext(ctx, "outbox batch published", "events", len(b.futures), "duplicates", duplicates)
 	}
 	return len(b.futures), b.pubErr
-}
-
-// mark marks rows sent, on the session that holds the relay lock.
-func (r *Relay) mark(ctx context.Context, conn *pgxpool.Conn, rows []dbsqlc.ClaimUnsentRow) error {
-	ids := make([]int64, len(rows))
-	for i, row := range rows {
-		ids[i] = row.ID
-	}
-	ctx, cancel := context.WithTimeout(ctx, r.dbTimeout())
-	defer cancel()
-	err := r.queries.MarkSent(ctx, conn, dbsqlc.MarkSentParams{FirstID: ids[0], LastID: ids[len(ids)-1], Ids: ids})
-	if err != nil {
-		return fmt.Errorf("mark outbox rows sent: %w", err)
-	}
-	return nil
 }
 
 // abandon gives up a batch in flight behind a batch that failed with cause:
