@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -528,6 +529,86 @@ func TestFlushLoopsOverBatches(t *testing.T) {
 	for i, m := range msgs {
 		require.Equal(t, evs[i].ID.String(), m.Header.Get(event.HeaderID), "in id order")
 	}
+}
+
+// A batch's mark goes to the database with the next claim, in one round
+// trip: a flush of five batches takes the relay lock, makes seven claims (two
+// ahead, then one after each batch settled, the last two finding nothing)
+// of which five carry a mark, and releases the lock. Marking on their own,
+// it took twelve.
+func TestFlushSendsEachMarkWithTheNextClaim(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := setup(t)
+	f.provision(t, 0)
+	const events = 23
+	evs := make([]event.Envelope, events)
+	for i := range evs {
+		evs[i] = newEvent(t, event.OrderPlaced, "order-1", i+1)
+	}
+	enqueue(t, f.db.Pool, evs...)
+
+	var trips roundTrips
+	cfg := f.db.Pool.Config()
+	cfg.ConnConfig.Tracer = &trips
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	n, err := outbox.NewRelay(pool, f.js, outbox.RelayConfig{BatchSize: 5}, f.logger).Flush(ctx)
+	require.NoError(t, err)
+	require.Equal(t, events, n)
+
+	claimWithMark := []string{"MarkSent", "ClaimUnsent"}
+	require.Equal(t, [][]string{
+		{"TryRelayLock"},
+		{"ClaimUnsent"}, {"ClaimUnsent"},
+		claimWithMark, claimWithMark, claimWithMark, claimWithMark, claimWithMark,
+		{"ReleaseRelayLock"},
+	}, trips.names())
+	require.Len(t, streamMsgs(t, f.js, streams.Orders), events)
+}
+
+// roundTrips is a pgx tracer that records the sqlc query names of each round
+// trip: a statement, or a batch of them.
+type roundTrips struct {
+	mu    sync.Mutex
+	trips [][]string
+}
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	r.add(data.SQL)
+	return ctx
+}
+
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	sqls := make([]string, len(data.Batch.QueuedQueries))
+	for i, q := range data.Batch.QueuedQueries {
+		sqls[i] = q.SQL
+	}
+	r.add(sqls...)
+	return ctx
+}
+
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+func (r *roundTrips) add(sqls ...string) {
+	names := make([]string, len(sqls))
+	for i, sql := range sqls {
+		first, _, _ := strings.Cut(strings.TrimPrefix(sql, "-- name: "), " ")
+		names[i] = first
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.trips = append(r.trips, names)
+}
+
+func (r *roundTrips) names() [][]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.trips)
 }
 
 func TestRunFinishesTheBatchInFlight(t *testing.T) {
