@@ -236,8 +236,10 @@ func (c *Consumer) fetchLoop(ctx context.Context, cons jetstream.Consumer) error
 	var fetchErr error // written before batches is closed
 	go func() {
 		defer close(batches)
+		drained := false // the last fetch left no message waiting
 		for ctx.Err() == nil {
-			msgs, err := c.fetch(cons)
+			msgs, err := c.fetch(cons, drained)
+			drained = len(msgs) < c.cfg.BatchSize
 			if err != nil {
 				if errors.Is(err, nats.ErrConnectionClosed) {
 					fetchErr = fmt.Errorf("fetch from %s: %w", c.cfg.Durable, err)
@@ -270,13 +272,19 @@ func (c *Consumer) fetchLoop(ctx context.Context, cons jetstream.Consumer) error
 // A plain Fetch(BatchSize) would wait for a full batch or for FetchWait,
 // adding up to FetchWait to every saga hop under light load; instead it takes
 // what is waiting, and only when nothing is, waits for one message and then
-// takes what arrived with it.
-func (c *Consumer) fetch(cons jetstream.Consumer) ([]jetstream.Msg, error) {
-	msgs, err := collect(cons.FetchNoWait(c.cfg.BatchSize))
-	if len(msgs) > 0 || err != nil {
-		return msgs, err
+// takes what arrived with it. After a fetch that left nothing waiting
+// (drained), it does not look first: each pull request is a subscription
+// and a round trip to the broker, and under light load the look finds
+// nothing.
+func (c *Consumer) fetch(cons jetstream.Consumer, drained bool) ([]jetstream.Msg, error) {
+	if !drained {
+		msgs, err := collect(cons.FetchNoWait(c.cfg.BatchSize))
+		if len(msgs) > 0 || err != nil {
+			return msgs, err
+		}
 	}
-	if msgs, err = collect(cons.Fetch(1, jetstream.FetchMaxWait(c.cfg.FetchWait))); len(msgs) == 0 || err != nil {
+	msgs, err := collect(cons.Fetch(1, jetstream.FetchMaxWait(c.cfg.FetchWait)))
+	if len(msgs) == 0 || err != nil {
 		return msgs, err
 	}
 	if c.cfg.BatchSize == 1 {
