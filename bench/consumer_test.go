@@ -16,6 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox"
+	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
 )
 
@@ -45,7 +46,7 @@ func handleDebit(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 }
 
 // handleDebits is its set-based form.
-func handleDebits(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
+func handleDebits(ctx context.Context, tx pgx.Tx, evs []event.Envelope, _ *postgres.Pipeline) error {
 	customers, amounts := make([]string, len(evs)), make([]int64, len(evs))
 	for i, ev := range evs {
 		var p event.OrderPlacedV1
@@ -192,7 +193,7 @@ func (n *naive) process(ctx context.Context, msgs []jetstream.Msg) error {
 		}
 		return nil
 	case n.mode.setBased:
-		if err := inTx(ctx, n.pool, func(tx pgx.Tx) error { return handleDebits(ctx, tx, evs) }); err != nil {
+		if err := inTx(ctx, n.pool, func(tx pgx.Tx) error { return handleDebits(ctx, tx, evs, nil) }); err != nil {
 			return err
 		}
 	default:

@@ -412,7 +412,10 @@ func (p *toxicProxy) apply(ctx context.Context, tx toxic, d time.Duration) error
 // a client off the moment the client sends COMMIT, and only then passes the
 // COMMIT on to the server, which commits: the client sees its connection
 // break and cannot know the outcome. That is the ambiguous commit a network
-// failure causes at the worst moment.
+// failure causes at the worst moment. A COMMIT comes as a simple query, or
+// in a pipeline of the extended protocol (with the writes queued for it),
+// which the server runs when the pipeline's Sync arrives: then the cut is
+// at the Sync.
 type commitCutter struct {
 	ln       net.Listener
 	upstream string
@@ -505,12 +508,29 @@ func (c *commitCutter) forward(client, server net.Conn) (cut bool) {
 		}
 		break
 	}
+	var (
+		commits = map[string]bool{} // prepared statements that are a COMMIT, by name ("" unnamed)
+		pending bool                // a COMMIT is bound and runs at the next Sync
+	)
 	for {
 		msg, err := readMessage(client, true)
 		if err != nil {
 			return false
 		}
-		if msg[0] == 'Q' && strings.EqualFold(strings.TrimRight(string(msg[5:]), "\x00; "), "commit") && c.take() {
+		cut := false
+		switch msg[0] {
+		case 'Q': // a simple query
+			cut = isCommit(cstrings(msg[5:], 1)[0]) && c.take()
+		case 'P': // Parse: statement name, query
+			f := cstrings(msg[5:], 2)
+			commits[f[0]] = isCommit(f[1])
+		case 'B': // Bind: portal, statement name
+			pending = pending || commits[cstrings(msg[5:], 2)[1]]
+		case 'S': // Sync: the pipeline runs
+			cut = pending && c.take()
+			pending = false
+		}
+		if cut {
 			client.Close()
 			_, _ = server.Write(msg)
 			c.cuts.Add(1)
@@ -520,6 +540,21 @@ func (c *commitCutter) forward(client, server net.Conn) (cut bool) {
 			return false
 		}
 	}
+}
+
+func isCommit(query string) bool {
+	return strings.EqualFold(strings.TrimRight(query, "; "), "commit")
+}
+
+// cstrings returns the first n NUL-terminated strings of b (empty ones
+// when b holds fewer).
+func cstrings(b []byte, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		s, rest, _ := bytes.Cut(b, []byte{0})
+		out[i], b = string(s), rest
+	}
+	return out
 }
 
 // take uses up one armed cut, if any is left.

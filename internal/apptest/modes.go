@@ -13,6 +13,7 @@ import (
 	"github.com/onceflow/onceflow/internal/app"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox"
+	"github.com/onceflow/onceflow/internal/postgres"
 )
 
 // PerEvent configures a service to run every event of a batch under its own
@@ -85,8 +86,18 @@ func ApplyBothForms(t *testing.T, ref, set *pgxpool.Pool, batches [][]event.Enve
 		for _, ev := range evs {
 			InTx(t, ref, func(ctx context.Context, tx pgx.Tx) error { return perEvent(ctx, tx, ev) })
 		}
-		InTx(t, set, func(ctx context.Context, tx pgx.Tx) error { return batch(ctx, tx, evs) })
+		InTx(t, set, func(ctx context.Context, tx pgx.Tx) error { return ApplyBatch(ctx, tx, batch, evs) })
 	}
+}
+
+// ApplyBatch runs batch for evs on tx and sends the writes it queued, as the
+// inbox does with its COMMIT.
+func ApplyBatch(ctx context.Context, tx pgx.Tx, batch inbox.BatchHandler, evs []event.Envelope) error {
+	var writes postgres.Pipeline
+	if err := batch(ctx, tx, evs, &writes); err != nil {
+		return err
+	}
+	return writes.Send(ctx, tx)
 }
 
 // RequireSameRows requires every query to return the same rows, and some,

@@ -80,11 +80,8 @@ func (s *Store) Do(ctx context.Context, req Request, fn func(ctx context.Context
 		Fingerprint: req.Fingerprint,
 		LockTimeout: fmt.Sprintf("%dms", s.waitInFlight.Milliseconds()),
 	})
+	defer begin.End(ctx) // rolls back unless committed
 	tx, err := begin.Tx()
-	if tx != nil {
-		// After Commit it does nothing.
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	}
 	claimed := !errors.Is(claimErr, pgx.ErrNoRows) // no row: the key was claimed before
 	switch {
 	case isLockTimeout(claimErr):
@@ -106,7 +103,9 @@ func (s *Store) Do(ctx context.Context, req Request, fn func(ctx context.Context
 	if err != nil {
 		return Response{}, false, fmt.Errorf("encode response header: %w", err)
 	}
-	if err := s.queries.CompleteKey(ctx, tx, dbsqlc.CompleteKeyParams{
+	// The response is stored in the round trip of the COMMIT.
+	var complete postgres.Pipeline
+	if err := s.queries.CompleteKey(ctx, &complete, dbsqlc.CompleteKeyParams{
 		Scope:           req.Scope,
 		Key:             req.Key,
 		StatusCode:      pgtype.Int4{Int32: int32(resp.Status), Valid: true},
@@ -115,8 +114,8 @@ func (s *Store) Do(ctx context.Context, req Request, fn func(ctx context.Context
 	}); err != nil {
 		return Response{}, false, fmt.Errorf("store idempotent response: %w", err)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return Response{}, false, fmt.Errorf("commit: %w", err)
+	if err := begin.Commit(ctx, &complete); err != nil {
+		return Response{}, false, fmt.Errorf("store idempotent response and commit: %w", err)
 	}
 	return resp, false, nil
 }

@@ -14,16 +14,18 @@ import (
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox"
+	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
 )
 
-// writeEffects is the set-based form of writeEffect.
-func writeEffects(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
+// writeEffects is the set-based form of writeEffect. Its write goes with
+// the inbox's COMMIT.
+func writeEffects(ctx context.Context, _ pgx.Tx, evs []event.Envelope, writes *postgres.Pipeline) error {
 	ids := make([]uuid.UUID, len(evs))
 	for i, ev := range evs {
 		ids[i] = ev.ID
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO effects (event_id, n) SELECT unnest($1::uuid[]), 1`, ids)
+	_, err := writes.Exec(ctx, `INSERT INTO effects (event_id, n) SELECT unnest($1::uuid[]), 1`, ids)
 	return err
 }
 
@@ -34,7 +36,7 @@ type batchRecorder struct {
 	next  inbox.BatchHandler
 }
 
-func (r *batchRecorder) handle(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
+func (r *batchRecorder) handle(ctx context.Context, tx pgx.Tx, evs []event.Envelope, writes *postgres.Pipeline) error {
 	ids := make([]uuid.UUID, len(evs))
 	for i, ev := range evs {
 		ids[i] = ev.ID
@@ -42,7 +44,7 @@ func (r *batchRecorder) handle(ctx context.Context, tx pgx.Tx, evs []event.Envel
 	r.mu.Lock()
 	r.calls = append(r.calls, ids)
 	r.mu.Unlock()
-	return r.next(ctx, tx, evs)
+	return r.next(ctx, tx, evs, writes)
 }
 
 // seen is every event the handler was called with, in call order.
@@ -93,48 +95,79 @@ func TestBatchHandlerGetsTheNewEventsInFetchOrder(t *testing.T) {
 
 func TestBatchHandlerFailureFallsBackEventByEvent(t *testing.T) {
 	t.Parallel()
-	e := setup(t, streams.Consumer{})
-	good1, bad, good2 := newEvent(t), newEvent(t), newEvent(t)
-	for _, ev := range []event.Envelope{good1, bad, good2} {
-		e.publish(t, ev)
-	}
-
-	// The batch handler writes for every event before it notices the bad
-	// one; none of that may survive the fallback.
-	batch := func(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
-		for _, ev := range evs {
-			if _, err := tx.Exec(ctx, `INSERT INTO effects (event_id, n) VALUES ($1, 2)`, ev.ID); err != nil {
-				return err
+	// The batch handler writes for every event before the bad one fails the
+	// batch; none of that may survive the fallback.
+	for _, tc := range []struct {
+		name  string
+		batch func(bad event.Envelope) inbox.BatchHandler
+	}{
+		{
+			name: "the handler fails",
+			batch: func(bad event.Envelope) inbox.BatchHandler {
+				return func(ctx context.Context, tx pgx.Tx, evs []event.Envelope, _ *postgres.Pipeline) error {
+					for _, ev := range evs {
+						if _, err := tx.Exec(ctx, `INSERT INTO effects (event_id, n) VALUES ($1, 2)`, ev.ID); err != nil {
+							return err
+						}
+					}
+					for _, ev := range evs {
+						if ev.ID == bad.ID {
+							return inbox.Permanent(errors.New("bad event in the batch"))
+						}
+					}
+					return nil
+				}
+			},
+		},
+		{
+			name: "a write queued for the commit fails",
+			batch: func(bad event.Envelope) inbox.BatchHandler {
+				return func(ctx context.Context, _ pgx.Tx, evs []event.Envelope, writes *postgres.Pipeline) error {
+					for _, ev := range evs {
+						if _, err := writes.Exec(ctx, `INSERT INTO effects (event_id, n) VALUES ($1, 2)`, ev.ID); err != nil {
+							return err
+						}
+						if ev.ID == bad.ID {
+							if _, err := writes.Exec(ctx, `SELECT 1 / 0`); err != nil {
+								return err
+							}
+						}
+					}
+					return nil
+				}
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, streams.Consumer{})
+			good1, bad, good2 := newEvent(t), newEvent(t), newEvent(t)
+			for _, ev := range []event.Envelope{good1, bad, good2} {
+				e.publish(t, ev)
 			}
-		}
-		for _, ev := range evs {
-			if ev.ID == bad.ID {
-				return inbox.Permanent(errors.New("bad event in the batch"))
+			handler := func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+				if ev.ID == bad.ID {
+					return inbox.Permanent(errors.New("bad event"))
+				}
+				return writeEffect(ctx, tx, ev)
 			}
-		}
-		return nil
-	}
-	handler := func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-		if ev.ID == bad.ID {
-			return inbox.Permanent(errors.New("bad event"))
-		}
-		return writeEffect(ctx, tx, ev)
-	}
-	c := e.start(t, inbox.Config{Batched: true, BatchSize: 10, BatchHandler: batch}, handler)
+			c := e.start(t, inbox.Config{Batched: true, BatchSize: 10, BatchHandler: tc.batch(bad)}, handler)
 
-	require.EventuallyWithT(t, func(c2 *assert.CollectT) {
-		assert.Equal(c2, inbox.Stats{Processed: 2, DeadLettered: 1}, c.Stats())
-	}, waitFor, tick)
-	for _, ev := range []event.Envelope{good1, good2} {
-		require.EqualValues(t, 1, e.effects(t, ev.ID))
+			require.EventuallyWithT(t, func(c2 *assert.CollectT) {
+				assert.Equal(c2, inbox.Stats{Processed: 2, DeadLettered: 1}, c.Stats())
+			}, waitFor, tick)
+			for _, ev := range []event.Envelope{good1, good2} {
+				require.EqualValues(t, 1, e.effects(t, ev.ID))
+			}
+			require.Zero(t, e.effects(t, bad.ID))
+			n, err := e.count(t.Context(), `SELECT count(*) FROM effects WHERE n <> 1`)
+			require.NoError(t, err)
+			require.Zero(t, n, "the failed batch handler's writes are rolled back")
+			require.EqualValues(t, 2, e.claims(t), "the bad event's claim is released, the others' kept")
+			require.Len(t, e.dlqMsgs(t), 1)
+			e.requireSettled(t)
+		})
 	}
-	require.Zero(t, e.effects(t, bad.ID))
-	n, err := e.count(t.Context(), `SELECT count(*) FROM effects WHERE n <> 1`)
-	require.NoError(t, err)
-	require.Zero(t, n, "the failed batch handler's writes are rolled back")
-	require.EqualValues(t, 2, e.claims(t), "the bad event's claim is released, the others' kept")
-	require.Len(t, e.dlqMsgs(t), 1)
-	e.requireSettled(t)
 }
 
 func TestBatchHandlerDuplicatesRacingHaveOneEffect(t *testing.T) {

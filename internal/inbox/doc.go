@@ -33,9 +33,10 @@
 // the failed event. (Savepoints would cost two round trips each, on every
 // batch, to save work only on the rare batch that fails.) A
 // Config.BatchHandler instead receives all the new events of the batch at
-// once, for set-based statements; if it fails, the transaction is rolled
-// back and the batch runs again with the Handler for each event. The next
-// batch is fetched while one is processed.
+// once, for set-based statements, and queues its writes for the COMMIT,
+// which goes with them in one round trip; if it or one of its writes
+// fails, the transaction is rolled back and the batch runs again with the
+// Handler for each event. The next batch is fetched while one is processed.
 //
 // Limits: the guarantee covers what the handler writes through its
 // transaction; an external side effect needs its own outbox. A message

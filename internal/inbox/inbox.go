@@ -17,6 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox/internal/dbsqlc"
+	"github.com/onceflow/onceflow/internal/postgres"
 )
 
 // DefaultRetention is how long processed_events rows are kept by default. It
@@ -67,12 +68,15 @@ type Handler func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
 // unnest(…) instead of one UPDATE per event), inside the inbox transaction,
 // after the batch's events were claimed. It receives them in fetch order and
 // must leave the database exactly as the Handler would, called for each
-// event in that order. It writes through tx only, whose statements
-// PostgreSQL plans for their arguments each time (postgres.PlanEachCall):
-// a batch's arrays would defeat a cached generic plan. An error rolls back the
-// transaction and the consumer runs the batch again with the Handler for
-// each event, so that one bad event fails only itself.
-type BatchHandler func(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error
+// event in that order. It writes through tx, whose statements PostgreSQL
+// plans for their arguments each time (postgres.PlanEachCall): a batch's
+// arrays would defeat a cached generic plan. The writes that need no answer
+// (the batch's updates, inserts and outbox rows) it queues on writes: the
+// inbox sends them with the COMMIT, in one round trip. An error, returned
+// or of a queued write, rolls back the transaction and the consumer runs the
+// batch again with the Handler for each event, so that one bad event fails
+// only itself.
+type BatchHandler func(ctx context.Context, tx pgx.Tx, evs []event.Envelope, writes *postgres.Pipeline) error
 
 // Config configures a Consumer. Zero values take the defaults.
 type Config struct {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/telemetry"
 )
 
@@ -74,9 +75,9 @@ func observedBatch(h BatchHandler, obs Observer) BatchHandler {
 	if _, ok := obs.(nopObserver); ok || h == nil {
 		return h
 	}
-	return func(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
-		ctx, done := obs.HandleBatch(ctx, evs)
-		err := h(ctx, tx, evs)
+	return func(ctx context.Context, tx pgx.Tx, evs []event.Envelope, writes *postgres.Pipeline) error {
+		ctx, done := obs.HandleBatch(ctx, evs) // its queued writes are the commit's
+		err := h(ctx, tx, evs, writes)
 		done(err)
 		return err
 	}

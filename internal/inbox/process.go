@@ -108,10 +108,8 @@ func (c *Consumer) processTx(ctx context.Context, d *delivery) {
 		EventTime: d.ev.Time,
 		StreamSeq: int64(d.meta.Sequence.Stream),
 	})
+	defer begin.End(ctx)
 	tx, err := begin.Tx()
-	if tx != nil {
-		defer c.rollback(ctx, tx)
-	}
 	switch {
 	case errors.Is(claimErr, pgx.ErrNoRows):
 		d.outcome = duplicate
@@ -129,7 +127,7 @@ func (c *Consumer) processTx(ctx context.Context, d *delivery) {
 	}
 	// A failed commit may still have happened (the connection broke after
 	// the server committed); then the redelivery is dropped as a duplicate.
-	if err := tx.Commit(ctx); err != nil {
+	if err := begin.Commit(ctx, nil); err != nil {
 		d.fail(fmt.Errorf("commit: %w", err))
 		return
 	}
@@ -234,10 +232,8 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 	}
 	begin := postgres.BeginWith(c.pool) // BEGIN goes with the claim
 	claimed, claimErr := c.queries.ClaimEvents(ctx, begin, claim)
+	defer begin.End(ctx)
 	tx, err := begin.Tx()
-	if tx != nil {
-		defer c.rollback(ctx, tx)
-	}
 	switch {
 	case claimErr != nil:
 		return 0, nil, fmt.Errorf("claim: %w", claimErr)
@@ -255,9 +251,13 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 			fresh = append(fresh, d.ev)
 		}
 	}
+	// The set-based handler's writes go with the COMMIT.
+	var writes postgres.Pipeline
+	var writesErr error
+	writes.AfterSend(func(err error) { writesErr = err })
 	if len(fresh) > 0 {
 		if setBased {
-			if herr := c.cfg.BatchHandler(ctx, postgres.PlanEachCall(tx), fresh); herr != nil {
+			if herr := c.cfg.BatchHandler(ctx, postgres.PlanEachCall(tx), fresh, &writes); herr != nil {
 				return -1, herr, nil
 			}
 		} else {
@@ -271,7 +271,10 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 			}
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := begin.Commit(ctx, &writes); err != nil {
+		if writesErr != nil {
+			return -1, writesErr, nil // the handler's failure, as if it had sent them
+		}
 		return 0, nil, fmt.Errorf("commit: %w", err)
 	}
 	for _, d := range ds {
@@ -282,14 +285,6 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 		}
 	}
 	return 0, nil, nil
-}
-
-func (c *Consumer) rollback(ctx context.Context, tx pgx.Tx) {
-	// After a commit this is a no-op. A failed rollback means the connection
-	// broke, and the server rolls back a transaction whose connection is gone.
-	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
-		c.logger.DebugContext(ctx, "rollback failed", "err", err)
-	}
 }
 
 // settle acks, naks or dead-letters d's message according to its outcome.

@@ -21,7 +21,8 @@ func TestBeginWithOpensTheTransactionOfItsStatement(t *testing.T) {
 		return n
 	}
 
-	// Committed: the statement and the ones after it are one transaction.
+	// Committed: the statement, the ones after it and the writes queued
+	// for the commit are one transaction.
 	b := postgres.BeginWith(db.Pool)
 	_, err = b.Exec(ctx, "INSERT INTO effects VALUES (1)")
 	require.NoError(t, err)
@@ -29,18 +30,49 @@ func TestBeginWithOpensTheTransactionOfItsStatement(t *testing.T) {
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, "INSERT INTO effects VALUES (2)")
 	require.NoError(t, err)
+	var writes postgres.Pipeline
+	exec(t, &writes, "INSERT INTO effects VALUES (3)")
 	require.Zero(t, count(), "visible before the commit")
-	require.NoError(t, tx.Commit(ctx))
-	require.Equal(t, 2, count())
+	require.NoError(t, b.Commit(ctx, &writes))
+	b.End(ctx)
+	require.Equal(t, 3, count())
+	require.Zero(t, db.Pool.Stat().AcquiredConns(), "the connection is back")
 
-	// Rolled back: neither statement stays.
+	// Not committed: End rolls back, and nothing stays.
 	b = postgres.BeginWith(db.Pool)
-	_, err = b.Exec(ctx, "INSERT INTO effects VALUES (3)")
+	_, err = b.Exec(ctx, "INSERT INTO effects VALUES (4)")
+	require.NoError(t, err)
+	_, err = b.Tx()
+	require.NoError(t, err)
+	b.End(ctx)
+	require.Equal(t, 3, count())
+
+	// A write queued for the commit fails: nothing is committed, and End
+	// rolls back the aborted transaction.
+	b = postgres.BeginWith(db.Pool)
+	_, err = b.Exec(ctx, "INSERT INTO effects VALUES (5)")
+	require.NoError(t, err)
+	_, err = b.Tx()
+	require.NoError(t, err)
+	writes = postgres.Pipeline{}
+	exec(t, &writes, "-- name: Broken :exec\nINSERT INTO effects VALUES (1 / 0)")
+	require.ErrorContains(t, b.Commit(ctx, &writes), "Broken: ")
+	b.End(ctx)
+	require.Equal(t, 3, count())
+	require.Zero(t, db.Pool.Stat().AcquiredConns(), "the connection is back")
+
+	// A statement failed and its error was ignored: COMMIT rolls back, and
+	// Commit says so.
+	b = postgres.BeginWith(db.Pool)
+	_, err = b.Exec(ctx, "INSERT INTO effects VALUES (6)")
 	require.NoError(t, err)
 	tx, err = b.Tx()
 	require.NoError(t, err)
-	require.NoError(t, tx.Rollback(ctx))
-	require.Equal(t, 2, count())
+	_, err = tx.Exec(ctx, "INSERT INTO effects VALUES (1 / 0)")
+	require.Error(t, err)
+	require.ErrorIs(t, b.Commit(ctx, nil), pgx.ErrTxCommitRollback)
+	b.End(ctx)
+	require.Equal(t, 3, count())
 
 	// A failed statement, whether it fails before BEGIN ran (it could not
 	// be prepared) or after, leaves nothing and gives the connection back.
@@ -48,12 +80,10 @@ func TestBeginWithOpensTheTransactionOfItsStatement(t *testing.T) {
 		b = postgres.BeginWith(db.Pool)
 		_, err = b.Exec(ctx, sql)
 		require.Error(t, err, sql)
-		tx, err = b.Tx()
+		_, err = b.Tx()
 		require.Error(t, err, sql)
-		if err := tx.Rollback(ctx); err != nil {
-			require.ErrorIs(t, err, pgx.ErrTxClosed, sql)
-		}
+		b.End(ctx)
 		require.Zero(t, db.Pool.Stat().AcquiredConns(), "%s: a connection was kept", sql)
 	}
-	require.Equal(t, 2, count())
+	require.Equal(t, 3, count())
 }

@@ -8,7 +8,7 @@
 //
 // The helpers are sqlc DBTXs, so that queries still go through the
 // generated code: BeginWith sends a transaction's BEGIN with its first
-// statement, Pipeline sends statements that need no answer from each other
+// statement (and its COMMIT with the writes queued for it), Pipeline sends statements that need no answer from each other
 // in one round trip (with Then, ahead of the next statement, which may
 // answer), and PlanEachCall has PostgreSQL plan each statement for
 // its arguments (a set-based batch's arrays).

@@ -20,16 +20,17 @@ import (
 // HandlePaymentDebitedBatch is the set-based form of HandlePaymentDebited
 // for the new PaymentDebited events of an inbox batch: it leaves the
 // database as HandlePaymentDebited called for each event in turn would, in
-// six statements and three round trips whatever the batch size.
+// six statements and two round trips whatever the batch size, plus its
+// writes, which go with the inbox's COMMIT.
 //
 // It locks the stock rows of every SKU of the batch once, in SKU order (the
 // order HandlePaymentDebited locks in, so neither form can deadlock the
 // other), decides each order in event order in Go against the stock the
 // orders before it left, and then writes the net decrement per SKU, the
 // reservations, their lines and the outcome events with one statement each,
-// sent together. Any error — also another transaction deciding one of the orders at the
+// queued on writes. Any error — also another transaction deciding one of the orders at the
 // same time — makes the inbox fall back to HandlePaymentDebited per event.
-func (s *Service) HandlePaymentDebitedBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
+func (s *Service) HandlePaymentDebitedBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, writes *postgres.Pipeline) error {
 	debited := make([]event.PaymentDebitedV1, len(evs))
 	orderIDs := make([]uuid.UUID, len(evs))
 	allSKUs := make(map[string]bool)
@@ -107,23 +108,19 @@ func (s *Service) HandlePaymentDebitedBatch(ctx context.Context, tx pgx.Tx, evs 
 		emitted = append(emitted, next)
 	}
 
-	// The writes need no answer from each other: one round trip.
-	var writes postgres.Pipeline
-	if err := s.decrementStock(ctx, &writes, taken); err != nil {
+	// The writes need no answer from each other: they go with the COMMIT.
+	if err := s.decrementStock(ctx, writes, taken); err != nil {
 		return err
 	}
-	if err := s.insertReservations(ctx, &writes, reservations); err != nil {
+	if err := s.insertReservations(ctx, writes, reservations); err != nil {
 		return err
 	}
 	if len(lines.OrderIds) > 0 {
-		if err := s.queries.InsertReservationLinesOfOrders(ctx, &writes, lines); err != nil {
+		if err := s.queries.InsertReservationLinesOfOrders(ctx, writes, lines); err != nil {
 			return fmt.Errorf("record reservation lines of %d orders: %w", len(reservations), err)
 		}
 	}
-	if err := outbox.QueueBatch(ctx, &writes, emitted); err != nil {
-		return err
-	}
-	return writes.Send(ctx, tx)
+	return outbox.QueueBatch(ctx, writes, emitted)
 }
 
 // decrementStock queues the net decrement of each SKU, in SKU order.

@@ -8,13 +8,14 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/services/notify/internal/dbsqlc"
 )
 
 // HandleOrderMilestoneBatch is the set-based form of HandleOrderMilestone
 // for the new events of an inbox batch: it builds every event's e-mail as
-// HandleOrderMilestone does and inserts them all with one statement, in
-// fetch order, so that the database ends up as HandleOrderMilestone called
+// HandleOrderMilestone does and queues one statement that inserts them all
+// (it goes with the inbox's COMMIT), in fetch order, so that the database ends up as HandleOrderMilestone called
 // for each event in turn would leave it — the same rows, the same ids, and
 // of two events of the batch with the same (order, milestone) the first
 // one's row.
@@ -28,7 +29,7 @@ import (
 // concurrent batches can then wait for each other's keys only if both carry
 // the same milestones re-emitted under new event ids, in opposite orders,
 // as per-event processing would; the deadlock is retried by the inbox.
-func (s *Service) HandleOrderMilestoneBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
+func (s *Service) HandleOrderMilestoneBatch(ctx context.Context, _ pgx.Tx, evs []event.Envelope, writes *postgres.Pipeline) error {
 	if len(evs) == 0 {
 		return nil
 	}
@@ -53,7 +54,7 @@ func (s *Service) HandleOrderMilestoneBatch(ctx context.Context, tx pgx.Tx, evs 
 		arg.Subjects[i], arg.Bodies[i] = n.Subject, n.Body
 		arg.Statuses[i], arg.LastErrors[i] = n.Status, n.LastError
 	}
-	if _, err := s.queries.InsertNotifications(ctx, tx, arg); err != nil {
+	if _, err := s.queries.InsertNotifications(ctx, writes, arg); err != nil {
 		return fmt.Errorf("write %d notifications: %w", len(evs), err)
 	}
 	return nil

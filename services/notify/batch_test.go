@@ -80,7 +80,9 @@ func TestOrderMilestoneBatchFirstWins(t *testing.T) {
 	for _, ev := range batch {
 		apptest.InTx(t, ref.Pool, func(ctx context.Context, tx pgx.Tx) error { return refSvc.HandleOrderMilestone(ctx, tx, ev) })
 	}
-	apptest.InTx(t, set.Pool, func(ctx context.Context, tx pgx.Tx) error { return setSvc.HandleOrderMilestoneBatch(ctx, tx, batch) })
+	apptest.InTx(t, set.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		return apptest.ApplyBatch(ctx, tx, setSvc.HandleOrderMilestoneBatch, batch)
+	})
 
 	want := apptest.Rows(t, ref.Pool, notificationsQuery)
 	require.Equal(t, want, apptest.Rows(t, set.Pool, notificationsQuery))
@@ -108,7 +110,7 @@ func TestOrderMilestoneBatchRefusesBadEvents(t *testing.T) {
 			tx, err := db.Pool.Begin(t.Context())
 			require.NoError(t, err)
 			defer func() { require.NoError(t, tx.Rollback(t.Context())) }()
-			err = s.HandleOrderMilestoneBatch(t.Context(), tx, []event.Envelope{good, bad})
+			err = apptest.ApplyBatch(t.Context(), tx, s.HandleOrderMilestoneBatch, []event.Envelope{good, bad})
 			require.Error(t, err)
 			require.True(t, errors.Is(err, inbox.ErrPermanent) || errors.Is(err, event.ErrInvalid), "got %v", err)
 		})

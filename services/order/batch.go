@@ -26,13 +26,13 @@ var (
 // carries events of types. An event of another type fails the batch, so that
 // the subscription's handler refuses it on its own as it would unbatched.
 func (s *Service) batchHandler(types []event.Type) inbox.BatchHandler {
-	return func(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
+	return func(ctx context.Context, tx pgx.Tx, evs []event.Envelope, writes *postgres.Pipeline) error {
 		for _, ev := range evs {
 			if !slices.Contains(types, ev.Type) {
 				return inbox.Permanent(fmt.Errorf("unexpected event type %s of event %s", ev.Type, ev.ID))
 			}
 		}
-		return s.HandleBatch(ctx, tx, evs)
+		return s.HandleBatch(ctx, tx, evs, writes)
 	}
 }
 
@@ -56,7 +56,8 @@ type ending struct {
 // HandleBatch is the set-based form of the handlers of both subscriptions
 // for the new events of an inbox batch: it leaves the database as the
 // handler of each event's type, called for each event in turn, would, in at
-// most six statements and four round trips whatever the batch size.
+// most six statements and three round trips whatever the batch size, plus
+// its writes, which go with the inbox's COMMIT.
 //
 // It locks the batch's orders once, in id order (so that the two
 // subscriptions' batches cannot deadlock each other), records the events in
@@ -65,10 +66,10 @@ type ending struct {
 // statuses as they evolve: two events of one order in one batch see each
 // other's effect, as they would one after the other. Then it reads the
 // reasons of the cancellations, and writes the statuses, the terminal events
-// and their timeline entries, with one statement each, sent together. Any
+// and their timeline entries, with one statement each, queued on writes. Any
 // error makes the inbox fall back to the handler per event, which settles a
 // bad event alone.
-func (s *Service) HandleBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
+func (s *Service) HandleBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, writes *postgres.Pipeline) error {
 	cs := make([]consumed, len(evs))
 	for i, ev := range evs {
 		c, err := decodeConsumed(ev)
@@ -114,15 +115,11 @@ func (s *Service) HandleBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelo
 	if err != nil {
 		return err
 	}
-	// The writes need no answer from each other: one round trip.
-	var writes postgres.Pipeline
-	if err := s.setStatuses(ctx, &writes, locked, status); err != nil {
+	// The writes need no answer from each other: they go with the COMMIT.
+	if err := s.setStatuses(ctx, writes, locked, status); err != nil {
 		return err
 	}
-	if err := s.emitTerminals(ctx, &writes, cs, orders, ends, reasons); err != nil {
-		return err
-	}
-	return writes.Send(ctx, tx)
+	return s.emitTerminals(ctx, writes, cs, orders, ends, reasons)
 }
 
 // decodeConsumed checks and decodes ev as the handler of its type does.

@@ -342,7 +342,7 @@ func TestBatchWithUnknownOrderFails(t *testing.T) {
 	tx, err := db.Begin(t.Context())
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(t.Context()) }()
-	err = order.New(db).HandleBatch(t.Context(), tx, []event.Envelope{s[0].reserved(), unknown.reserved(), s[1].reserved()})
+	err = apptest.ApplyBatch(t.Context(), tx, order.New(db).HandleBatch, []event.Envelope{s[0].reserved(), unknown.reserved(), s[1].reserved()})
 	require.ErrorContains(t, err, "unknown order "+unknown.o.ID.String())
 }
 

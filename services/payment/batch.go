@@ -20,16 +20,17 @@ import (
 // HandleOrderPlacedBatch is the set-based form of HandleOrderPlaced for the
 // new OrderPlaced events of an inbox batch: it leaves the database as
 // HandleOrderPlaced called for each event in turn would, in five statements
-// and three round trips whatever the batch size.
+// and two round trips whatever the batch size, plus its writes, which go
+// with the inbox's COMMIT.
 //
 // It locks the batch's wallets once, in key order (so that concurrent
 // batches cannot deadlock), decides every order in event order in Go —
 // a wallet whose balance cannot cover all its orders still pays, in order,
 // those that fit, exactly as one debit after the other would — and then
 // writes the net debit per wallet, the payments and the outcome events with
-// one statement each, sent together. Any error makes the inbox fall back to
-// HandleOrderPlaced per event.
-func (s *Service) HandleOrderPlacedBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
+// one statement each, queued on writes. Any error makes the inbox fall back
+// to HandleOrderPlaced per event.
+func (s *Service) HandleOrderPlacedBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, writes *postgres.Pipeline) error {
 	placed := make([]event.OrderPlacedV1, len(evs))
 	orderIDs := make([]uuid.UUID, len(evs))
 	customers := make(map[string]bool, len(evs))
@@ -100,18 +101,14 @@ func (s *Service) HandleOrderPlacedBatch(ctx context.Context, tx pgx.Tx, evs []e
 		emitted = append(emitted, next)
 	}
 
-	// The writes need no answer from each other: one round trip.
-	var writes postgres.Pipeline
-	if err := s.debitWallets(ctx, &writes, debits); err != nil {
+	// The writes need no answer from each other: they go with the COMMIT.
+	if err := s.debitWallets(ctx, writes, debits); err != nil {
 		return err
 	}
-	if err := s.insertPayments(ctx, &writes, payments); err != nil {
+	if err := s.insertPayments(ctx, writes, payments); err != nil {
 		return err
 	}
-	if err := outbox.QueueBatch(ctx, &writes, emitted); err != nil {
-		return err
-	}
-	return writes.Send(ctx, tx)
+	return outbox.QueueBatch(ctx, writes, emitted)
 }
 
 // debitWallets queues the net debit of each wallet, in key order.
@@ -168,7 +165,7 @@ func (s *Service) insertPayments(ctx context.Context, writes *postgres.Pipeline,
 // deadlock costs a retry, and enough of them exhaust MaxDeliver). So it
 // locks every wallet the batch will touch first, in key order, as a debit
 // batch does.
-func (s *Service) HandleStockRejectedBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
+func (s *Service) HandleStockRejectedBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, _ *postgres.Pipeline) error {
 	orderIDs := make([]uuid.UUID, len(evs))
 	for i, ev := range evs {
 		if ev.Type != event.StockRejected {
