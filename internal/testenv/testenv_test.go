@@ -3,7 +3,9 @@ package testenv_test
 import (
 	"os"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -83,15 +85,29 @@ func TestNATSRestartKeepsStreams(t *testing.T) {
 	if !n.Embedded() {
 		t.Skip("the NATS server is shared; Restart needs an embedded one")
 	}
-	js := n.JetStream(t)
-	_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "TEST", Subjects: []string{"test.>"}})
+	reconnected := make(chan struct{}, 1)
+	js, err := jetstream.New(n.Conn(t, nats.ReconnectHandler(func(*nats.Conn) {
+		select {
+		case reconnected <- struct{}{}:
+		default:
+		}
+	})))
+	require.NoError(t, err)
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "TEST", Subjects: []string{"test.>"}})
 	require.NoError(t, err)
 	_, err = js.Publish(ctx, "test.one", []byte("hello"))
 	require.NoError(t, err)
 
 	n.Restart(t)
 
-	// The old connection reconnects by itself.
+	// The old connection reconnects by itself. A request sent before the
+	// client noticed that its connection died would be lost with it (and
+	// time out), so the test waits for the reconnection first.
+	select {
+	case <-reconnected:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the connection did not reconnect within 10s")
+	}
 	stream, err := js.Stream(ctx, "TEST")
 	require.NoError(t, err)
 	require.EqualValues(t, 1, stream.CachedInfo().State.Msgs)
