@@ -85,6 +85,16 @@ func newEvent(t *testing.T, typ event.Type, aggregate string, seq int) event.Env
 	return ev
 }
 
+// orderEvents returns n OrderPlaced events of one order, in sequence.
+func orderEvents(t *testing.T, n int) []event.Envelope {
+	t.Helper()
+	evs := make([]event.Envelope, n)
+	for i := range evs {
+		evs[i] = newEvent(t, event.OrderPlaced, "order-1", i+1)
+	}
+	return evs
+}
+
 // enqueue writes evs in one transaction and commits it.
 func enqueue(t *testing.T, pool *pgxpool.Pool, evs ...event.Envelope) {
 	t.Helper()

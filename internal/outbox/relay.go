@@ -337,7 +337,7 @@ func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn) (int, error) {
 		b := inFlight[0]
 		inFlight = inFlight[1:]
 		acked, err := r.settle(work, b)
-		marks.add(r, b, acked, err)
+		r.queueMark(&marks, b, acked, err)
 		if err != nil {
 			// The rows behind a failure stay unsent, acked or not, and are
 			// published again in order with the same message ids. Halting
@@ -380,18 +380,21 @@ type settled struct {
 	err   error
 }
 
-// add queues the mark of b's first acked rows.
-func (m *marks) add(r *Relay, b *batch, acked int, err error) {
+// queueMark queues on m the mark of b's first acked rows.
+func (r *Relay) queueMark(m *marks, b *batch, acked int, err error) {
 	if acked > 0 {
-		rows := b.rows[:acked]
-		ids := make([]int64, len(rows))
-		for i, row := range rows {
-			ids[i] = row.ID
-		}
+		ids := appendIDs(make([]int64, 0, acked), b.rows[:acked])
 		// Queued: the error is Send's or Then's.
 		_ = r.queries.MarkSent(context.Background(), &m.p, dbsqlc.MarkSentParams{FirstID: ids[0], LastID: ids[len(ids)-1], Ids: ids})
 	}
 	m.batches = append(m.batches, settled{acked: acked, err: err})
+}
+
+func appendIDs(ids []int64, rows []dbsqlc.ClaimUnsentRow) []int64 {
+	for _, row := range rows {
+		ids = append(ids, row.ID)
+	}
+	return ids
 }
 
 func (m *marks) queued() bool { return len(m.batches) > 0 }
@@ -441,9 +444,7 @@ func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn, inFlight []*batch
 	}
 	ids := make([]int64, 0, n)
 	for _, b := range inFlight {
-		for _, row := range b.rows {
-			ids = append(ids, row.ID)
-		}
+		ids = appendIDs(ids, b.rows)
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.dbTimeout())
 	defer cancel()

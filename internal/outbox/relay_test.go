@@ -511,10 +511,7 @@ func TestFlushLoopsOverBatches(t *testing.T) {
 	f := setup(t)
 	f.provision(t, 0)
 	const events = 23
-	evs := make([]event.Envelope, events)
-	for i := range evs {
-		evs[i] = newEvent(t, event.OrderPlaced, "order-1", i+1)
-	}
+	evs := orderEvents(t, events)
 	enqueue(t, f.db.Pool, evs...)
 
 	r := f.relay(outbox.RelayConfig{BatchSize: 5})
@@ -542,10 +539,7 @@ func TestFlushSendsEachMarkWithTheNextClaim(t *testing.T) {
 	f := setup(t)
 	f.provision(t, 0)
 	const events = 23
-	evs := make([]event.Envelope, events)
-	for i := range evs {
-		evs[i] = newEvent(t, event.OrderPlaced, "order-1", i+1)
-	}
+	evs := orderEvents(t, events)
 	enqueue(t, f.db.Pool, evs...)
 
 	var trips roundTrips
@@ -769,10 +763,7 @@ func TestRelayThatLosesItsConnectionMarksNothing(t *testing.T) {
 	ctx := t.Context()
 	f := setup(t)
 	f.provision(t, 0)
-	evs := make([]event.Envelope, 4)
-	for i := range evs {
-		evs[i] = newEvent(t, event.OrderPlaced, "order-1", i+1)
-	}
+	evs := orderEvents(t, 4)
 	enqueue(t, f.db.Pool, evs...)
 
 	// Batches of two: the second is in flight when the session ends.
