@@ -8,8 +8,12 @@
 // out). It then places orders at a target rate, or as fast as a number of
 // concurrent clients can, each with an Idempotency-Key that every retry
 // (after an error, a time-out or a 5xx, waiting as long as a Retry-After
-// asks) reuses, so that a retry never places a second order. It follows every order to its terminal state by
-// listing each customer's recent orders in one request per poll, and
+// asks) reuses, so that a retry never places a second order. It follows
+// every order to its terminal state by listing each customer's recent
+// orders in one request, at most once per poll interval and not before its
+// oldest unfinished order is an interval old; the customers' polls are
+// spread over the interval, so the order service sees an even stream of
+// reads rather than a burst that would stall the saga it measures. It
 // measures latency from the order's timeline: the time of its OrderPlaced
 // event to the time of its terminal event, both taken by the order
 // service's clock when it wrote them. Client-side observation would add the

@@ -56,6 +56,7 @@ func (o orderView) times() (placed, done time.Time) {
 type tracked struct {
 	id      string
 	seq     int       // its place among its customer's orders, from 0
+	placed  time.Time // when its POST answered
 	checked time.Time // when it was placed or last looked up on its own
 }
 
@@ -100,7 +101,8 @@ func (t *tracker) add(o orderView) {
 		c = &customerOrders{id: o.CustomerID}
 		t.customers[o.CustomerID] = c
 	}
-	tr := &tracked{id: o.ID, seq: c.placed, checked: time.Now()}
+	now := time.Now()
+	tr := &tracked{id: o.ID, seq: c.placed, placed: now, checked: now}
 	c.placed++
 	c.pending = append(c.pending, tr)
 	t.pendingIDs[o.ID] = tr
@@ -167,17 +169,19 @@ const (
 // pending one, for orders created in another order than they were placed.
 const listSlack = 2
 
-// jobs returns the poll jobs of the customers with pending orders, those
-// polled longest ago first, as many as budget (orders shown) allows but at
-// least one. A backlog of unfinished orders is thus looked at less often
-// instead of making every poll dearer: the latencies come from the
-// timelines, so when an order is seen finished changes no figure.
-func (t *tracker) jobs(budget int, now time.Time) []pollJob {
+// jobs returns the poll jobs of the customers that are due: with pending
+// orders, and neither polled nor given a new order within the last
+// interval. Those polled longest ago come first, as many as budget (orders
+// shown) allows but at least one. A backlog of unfinished orders is thus
+// looked at less often instead of making every poll dearer: the latencies
+// come from the timelines, so when an order is seen finished changes no
+// figure.
+func (t *tracker) jobs(budget int, interval time.Duration, now time.Time) []pollJob {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var customers []*customerOrders
 	for _, c := range t.customers {
-		if len(c.pending) > 0 {
+		if len(c.pending) > 0 && now.Sub(c.lastPolled) >= interval && now.Sub(c.pending[0].placed) >= interval {
 			customers = append(customers, c)
 		}
 	}
