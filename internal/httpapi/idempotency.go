@@ -11,6 +11,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/onceflow/onceflow/internal/idempotency"
+	"github.com/onceflow/onceflow/internal/postgres"
 )
 
 // Header names of the Idempotency-Key protocol (IETF httpapi draft).
@@ -22,7 +23,9 @@ const (
 
 // Write is a request's database write: it runs in the transaction that also
 // stores the Idempotency-Key, and returns the status and the value to send.
-type Write func(ctx context.Context, tx pgx.Tx) (status int, v any, err error)
+// Writes whose answers it does not need it may queue on writes, to go with
+// the COMMIT (see idempotency.Func).
+type Write func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (status int, v any, err error)
 
 // Idempotent runs write under the request's Idempotency-Key and sends its
 // response, or the stored response of an earlier request with the same key
@@ -42,8 +45,8 @@ func Idempotent(c echo.Context, store *idempotency.Store, body []byte, write Wri
 		Scope:       req.Method + " " + c.Path(),
 		Key:         key,
 		Fingerprint: idempotency.Fingerprint([]byte(req.Method), []byte(req.URL.Path), body),
-	}, func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
-		status, v, err := write(ctx, tx)
+	}, func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (idempotency.Response, error) {
+		status, v, err := write(ctx, tx, writes)
 		if err != nil {
 			return idempotency.Response{}, err
 		}

@@ -67,12 +67,19 @@ func NewStore(pool *pgxpool.Pool, waitInFlight time.Duration) *Store {
 	return &Store{pool: pool, queries: dbsqlc.New(), waitInFlight: cmp.Or(waitInFlight, 5*time.Second)}
 }
 
+// Func is a request's write, run by Do.
+type Func func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (Response, error)
+
 // Do runs fn in a transaction that also claims req's key, and stores fn's
 // response with it. When the key was claimed before, fn does not run: Do
 // returns the stored response and replayed = true, or ErrMismatch when the
 // fingerprints differ, or ErrInFlight when the first request does not finish
 // in time. When fn returns an error, nothing is stored.
-func (s *Store) Do(ctx context.Context, req Request, fn func(ctx context.Context, tx pgx.Tx) (Response, error)) (resp Response, replayed bool, err error) {
+//
+// fn reads and writes through tx, and may queue its last writes on writes:
+// they are sent with the stored response and the COMMIT, in one round
+// trip, and a failure of any of them fails Do and stores nothing.
+func (s *Store) Do(ctx context.Context, req Request, fn Func) (resp Response, replayed bool, err error) {
 	begin := postgres.BeginWith(s.pool) // BEGIN goes with the claim
 	_, claimErr := s.queries.ClaimKey(ctx, begin, dbsqlc.ClaimKeyParams{
 		Scope:       req.Scope,
@@ -96,16 +103,16 @@ func (s *Store) Do(ctx context.Context, req Request, fn func(ctx context.Context
 		}
 		return resp, true, nil
 	}
-	if resp, err = fn(ctx, tx); err != nil {
+	var writes postgres.Pipeline
+	if resp, err = fn(ctx, tx, &writes); err != nil {
 		return Response{}, false, err
 	}
 	header, err := json.Marshal(resp.Header)
 	if err != nil {
 		return Response{}, false, fmt.Errorf("encode response header: %w", err)
 	}
-	// The response is stored in the round trip of the COMMIT.
-	var complete postgres.Pipeline
-	if err := s.queries.CompleteKey(ctx, &complete, dbsqlc.CompleteKeyParams{
+	// The response is stored in the round trip of fn's writes and the COMMIT.
+	if err := s.queries.CompleteKey(ctx, &writes, dbsqlc.CompleteKeyParams{
 		Scope:           req.Scope,
 		Key:             req.Key,
 		StatusCode:      pgtype.Int4{Int32: int32(resp.Status), Valid: true},
@@ -114,8 +121,8 @@ func (s *Store) Do(ctx context.Context, req Request, fn func(ctx context.Context
 	}); err != nil {
 		return Response{}, false, fmt.Errorf("store idempotent response: %w", err)
 	}
-	if err := begin.Commit(ctx, &complete); err != nil {
-		return Response{}, false, fmt.Errorf("store idempotent response and commit: %w", err)
+	if err := begin.Commit(ctx, &writes); err != nil {
+		return Response{}, false, fmt.Errorf("write, store idempotent response and commit: %w", err)
 	}
 	return resp, false, nil
 }

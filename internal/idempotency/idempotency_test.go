@@ -10,9 +10,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/idempotency"
+	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -28,8 +30,8 @@ func request(key, body string) idempotency.Request {
 	return idempotency.Request{Scope: "POST /things", Key: key, Fingerprint: idempotency.Fingerprint([]byte("POST"), []byte(body))}
 }
 
-func respond(calls *atomic.Int32, status int) func(context.Context, pgx.Tx) (idempotency.Response, error) {
-	return func(context.Context, pgx.Tx) (idempotency.Response, error) {
+func respond(calls *atomic.Int32, status int) func(context.Context, pgx.Tx, *postgres.Pipeline) (idempotency.Response, error) {
+	return func(context.Context, pgx.Tx, *postgres.Pipeline) (idempotency.Response, error) {
 		calls.Add(1)
 		return idempotency.Response{Status: status, Header: map[string]string{"X": "y"}, Body: []byte(`{"n":1}`)}, nil
 	}
@@ -55,11 +57,56 @@ func TestReplayMismatchAndFailure(t *testing.T) {
 
 	// A failed write stores nothing: the retry runs afresh.
 	boom := errors.New("boom")
-	_, _, err = store.Do(ctx, request("k2", "a"), func(context.Context, pgx.Tx) (idempotency.Response, error) { return idempotency.Response{}, boom })
+	_, _, err = store.Do(ctx, request("k2", "a"), func(context.Context, pgx.Tx, *postgres.Pipeline) (idempotency.Response, error) {
+		return idempotency.Response{}, boom
+	})
 	require.ErrorIs(t, err, boom)
 	_, replayed, err = store.Do(ctx, request("k2", "a"), respond(&calls, 201))
 	require.NoError(t, err)
 	require.False(t, replayed)
+}
+
+// Writes queued by fn are committed with the stored response; when one of
+// them fails, nothing is stored (not even the writes before it) and a retry
+// with the key runs afresh.
+func TestQueuedWritesCommitWithTheResponse(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	store, db := newStore(t, 0)
+	_, err := db.Pool.Exec(ctx, "CREATE TABLE things (key text)")
+	require.NoError(t, err)
+	var calls atomic.Int32
+	insert := func(fail bool) idempotency.Func {
+		return func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (idempotency.Response, error) {
+			if _, err := writes.Exec(ctx, "INSERT INTO things VALUES ('k')"); err != nil {
+				return idempotency.Response{}, err
+			}
+			if fail {
+				_, _ = writes.Exec(ctx, "SELECT 1/0")
+			}
+			return respond(&calls, 201)(ctx, tx, writes)
+		}
+	}
+	things := func() (n int) {
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM things").Scan(&n))
+		return n
+	}
+
+	_, _, err = store.Do(ctx, request("k", "a"), insert(true))
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "22012", pgErr.Code, "division by zero")
+	require.Zero(t, things(), "a failed queued write rolls back the writes queued before it")
+
+	_, replayed, err := store.Do(ctx, request("k", "a"), insert(false))
+	require.NoError(t, err)
+	require.False(t, replayed, "the failed request stored no response")
+	require.Equal(t, 1, things())
+
+	_, replayed, err = store.Do(ctx, request("k", "a"), insert(false))
+	require.NoError(t, err)
+	require.True(t, replayed)
+	require.Equal(t, 1, things(), "a replay writes nothing")
 }
 
 func TestConcurrentRequestsWithOneKeyRunOnce(t *testing.T) {
@@ -70,9 +117,9 @@ func TestConcurrentRequestsWithOneKeyRunOnce(t *testing.T) {
 	replays := atomic.Int32{}
 	for range 20 {
 		wg.Go(func() {
-			_, replayed, err := store.Do(t.Context(), request("same", "a"), func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
+			_, replayed, err := store.Do(t.Context(), request("same", "a"), func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (idempotency.Response, error) {
 				time.Sleep(50 * time.Millisecond) // hold the key while the others arrive
-				return respond(&calls, 201)(ctx, tx)
+				return respond(&calls, 201)(ctx, tx, writes)
 			})
 			require.NoError(t, err)
 			if replayed {
@@ -92,7 +139,7 @@ func TestRetryWhileInFlightIsRefusedAfterTheWait(t *testing.T) {
 	holding, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		_, _, err := store.Do(ctx, request("slow", "a"), func(context.Context, pgx.Tx) (idempotency.Response, error) {
+		_, _, err := store.Do(ctx, request("slow", "a"), func(context.Context, pgx.Tx, *postgres.Pipeline) (idempotency.Response, error) {
 			close(holding)
 			<-release
 			return idempotency.Response{Status: 201}, nil
@@ -100,7 +147,7 @@ func TestRetryWhileInFlightIsRefusedAfterTheWait(t *testing.T) {
 		done <- err
 	}()
 	<-holding
-	_, _, err := store.Do(ctx, request("slow", "a"), func(context.Context, pgx.Tx) (idempotency.Response, error) {
+	_, _, err := store.Do(ctx, request("slow", "a"), func(context.Context, pgx.Tx, *postgres.Pipeline) (idempotency.Response, error) {
 		t.Error("a retry in flight must not run the write")
 		return idempotency.Response{}, nil
 	})

@@ -108,7 +108,7 @@ func (s *Service) place(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return httpapi.Idempotent(c, s.idem, body, func(ctx context.Context, tx pgx.Tx) (int, any, error) {
+	return httpapi.Idempotent(c, s.idem, body, func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (int, any, error) {
 		// Inside the key's transaction: a retry of an order already placed
 		// is replayed however busy the saga is, and a refusal rolls the
 		// key back, so that the client's retry with it can still succeed.
@@ -144,29 +144,29 @@ func (s *Service) place(c echo.Context) error {
 			params.UnitPricesCents = append(params.UnitPricesCents, l.UnitPriceCents)
 			items[i] = Item{SKU: l.SKU, Quantity: l.Quantity, UnitPriceCents: l.UnitPriceCents}
 		}
-		// The event in the outbox and, in the same round trip, the order,
-		// its lines and the OrderPlaced timeline entry in one statement.
-		var writes postgres.Pipeline
-		if err := outbox.Queue(ctx, &writes, ev); err != nil {
+		// The event in the outbox and the order, its lines and the
+		// OrderPlaced timeline entry in one statement, both queued to go
+		// with the stored response and the COMMIT: POST /orders is two
+		// round trips, the claim of its key and this.
+		if err := outbox.Queue(ctx, writes, ev); err != nil {
 			return 0, nil, err
 		}
-		o, err := s.queries.InsertOrderWithLines(ctx, writes.Then(tx), params)
-		if err != nil {
+		if err := s.queries.InsertOrderWithLines(ctx, writes, params); err != nil {
 			return 0, nil, fmt.Errorf("place order: %w", err)
 		}
-		// As GET shows it, without reading it back: the times are the
-		// database's (event times are kept to the microsecond it stores),
-		// so the stored response and a later GET agree.
+		// As GET will show it: the order is created at its event's time,
+		// which is kept to the microsecond the database stores, so the
+		// stored response and a later GET agree.
 		return http.StatusCreated, Order{
-			ID:            o.ID,
-			CustomerID:    o.CustomerID,
-			CustomerEmail: o.CustomerEmail,
-			Status:        o.Status,
-			TotalCents:    o.TotalCents,
+			ID:            id,
+			CustomerID:    req.CustomerID,
+			CustomerEmail: req.CustomerEmail,
+			Status:        StatusPending,
+			TotalCents:    total,
 			Items:         items,
 			Timeline:      []TimelineEntry{{Type: ev.Type, EventID: ev.ID, At: ev.Time}},
-			CreatedAt:     o.CreatedAt.UTC(),
-			UpdatedAt:     o.UpdatedAt.UTC(),
+			CreatedAt:     ev.Time.UTC(),
+			UpdatedAt:     ev.Time.UTC(),
 		}, nil
 	})
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/onceflow/onceflow/internal/httpapi"
+	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/services/payment/internal/dbsqlc"
 )
 
@@ -69,7 +70,7 @@ func (s *Service) credit(c echo.Context) error {
 	if req.AmountCents <= 0 || req.AmountCents > maxCreditCents {
 		return httpapi.BadRequest("amount_cents must be between 1 and %d", int64(maxCreditCents))
 	}
-	return httpapi.Idempotent(c, s.idem, body, func(ctx context.Context, tx pgx.Tx) (int, any, error) {
+	return httpapi.Idempotent(c, s.idem, body, func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (int, any, error) {
 		w, err := s.queries.CreditWallet(ctx, tx, dbsqlc.CreditWalletParams{CustomerID: customerID, AmountCents: req.AmountCents})
 		if err != nil {
 			if httpapi.IsNumericOverflow(err) {
@@ -81,7 +82,8 @@ func (s *Service) credit(c echo.Context) error {
 		if err != nil {
 			return 0, nil, err
 		}
-		if err := s.queries.RecordCredit(ctx, tx, dbsqlc.RecordCreditParams{ID: id, CustomerID: customerID, AmountCents: req.AmountCents}); err != nil {
+		// The credit's record goes with the COMMIT.
+		if err := s.queries.RecordCredit(ctx, writes, dbsqlc.RecordCreditParams{ID: id, CustomerID: customerID, AmountCents: req.AmountCents}); err != nil {
 			return 0, nil, fmt.Errorf("record credit of %s: %w", customerID, err)
 		}
 		return http.StatusOK, Wallet{CustomerID: w.CustomerID, BalanceCents: w.BalanceCents}, nil

@@ -1,10 +1,11 @@
--- name: InsertOrderWithLines :one
+-- name: InsertOrderWithLines :exec
 -- Writes a new order, its lines and the OrderPlaced entry of its timeline in
--- one statement (one round trip); the line arrays are parallel.
+-- one statement; the line arrays are parallel. The order is created at its
+-- OrderPlaced event's time, so that POST /orders can answer without reading
+-- the row back and the statement can go with the COMMIT.
 WITH new_order AS (
-    INSERT INTO orders (id, customer_id, customer_email, status, total_cents)
-    VALUES (@id, @customer_id, @customer_email, 'PENDING', @total_cents)
-    RETURNING id, customer_id, customer_email, status, total_cents, created_at, updated_at
+    INSERT INTO orders (id, customer_id, customer_email, status, total_cents, created_at, updated_at)
+    VALUES (@id, @customer_id, @customer_email, 'PENDING', @total_cents, @placed_at, @placed_at)
 ), new_lines AS (
     INSERT INTO order_lines (order_id, line_no, sku, quantity, unit_price_cents)
     SELECT @id,
@@ -12,12 +13,9 @@ WITH new_order AS (
         unnest(@skus::text[]),
         unnest(@quantities::integer[]),
         unnest(@unit_prices_cents::bigint[])
-), placed AS (
-    INSERT INTO order_timeline (order_id, event_id, event_type, at)
-    VALUES (@id, @placed_event_id, @placed_event_type, @placed_at)
 )
-SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
-FROM new_order;
+INSERT INTO order_timeline (order_id, event_id, event_type, at)
+VALUES (@id, @placed_event_id, @placed_event_type, @placed_at);
 
 -- name: GetOrderView :one
 SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at, items, timeline

@@ -48,28 +48,27 @@ func (q *Queries) GetOrderView(ctx context.Context, db DBTX, id uuid.UUID) (Orde
 	return i, err
 }
 
-const insertOrderWithLines = `-- name: InsertOrderWithLines :one
+const insertOrderWithLines = `-- name: InsertOrderWithLines :exec
 WITH new_order AS (
-    INSERT INTO orders (id, customer_id, customer_email, status, total_cents)
-    VALUES ($1, $2, $3, 'PENDING', $4)
-    RETURNING id, customer_id, customer_email, status, total_cents, created_at, updated_at
+    INSERT INTO orders (id, customer_id, customer_email, status, total_cents, created_at, updated_at)
+    VALUES ($1, $5, $6, 'PENDING', $7, $4, $4)
 ), new_lines AS (
     INSERT INTO order_lines (order_id, line_no, sku, quantity, unit_price_cents)
     SELECT $1,
-        unnest($5::integer[]),
-        unnest($6::text[]),
-        unnest($7::integer[]),
-        unnest($8::bigint[])
-), placed AS (
-    INSERT INTO order_timeline (order_id, event_id, event_type, at)
-    VALUES ($1, $9, $10, $11)
+        unnest($8::integer[]),
+        unnest($9::text[]),
+        unnest($10::integer[]),
+        unnest($11::bigint[])
 )
-SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
-FROM new_order
+INSERT INTO order_timeline (order_id, event_id, event_type, at)
+VALUES ($1, $2, $3, $4)
 `
 
 type InsertOrderWithLinesParams struct {
 	ID              uuid.UUID
+	PlacedEventID   uuid.UUID
+	PlacedEventType string
+	PlacedAt        time.Time
 	CustomerID      string
 	CustomerEmail   string
 	TotalCents      int64
@@ -77,26 +76,18 @@ type InsertOrderWithLinesParams struct {
 	Skus            []string
 	Quantities      []int32
 	UnitPricesCents []int64
-	PlacedEventID   uuid.UUID
-	PlacedEventType string
-	PlacedAt        time.Time
-}
-
-type InsertOrderWithLinesRow struct {
-	ID            uuid.UUID
-	CustomerID    string
-	CustomerEmail string
-	Status        string
-	TotalCents    int64
-	CreatedAt     time.Time
-	UpdatedAt     time.Time
 }
 
 // Writes a new order, its lines and the OrderPlaced entry of its timeline in
-// one statement (one round trip); the line arrays are parallel.
-func (q *Queries) InsertOrderWithLines(ctx context.Context, db DBTX, arg InsertOrderWithLinesParams) (InsertOrderWithLinesRow, error) {
-	row := db.QueryRow(ctx, insertOrderWithLines,
+// one statement; the line arrays are parallel. The order is created at its
+// OrderPlaced event's time, so that POST /orders can answer without reading
+// the row back and the statement can go with the COMMIT.
+func (q *Queries) InsertOrderWithLines(ctx context.Context, db DBTX, arg InsertOrderWithLinesParams) error {
+	_, err := db.Exec(ctx, insertOrderWithLines,
 		arg.ID,
+		arg.PlacedEventID,
+		arg.PlacedEventType,
+		arg.PlacedAt,
 		arg.CustomerID,
 		arg.CustomerEmail,
 		arg.TotalCents,
@@ -104,21 +95,8 @@ func (q *Queries) InsertOrderWithLines(ctx context.Context, db DBTX, arg InsertO
 		arg.Skus,
 		arg.Quantities,
 		arg.UnitPricesCents,
-		arg.PlacedEventID,
-		arg.PlacedEventType,
-		arg.PlacedAt,
 	)
-	var i InsertOrderWithLinesRow
-	err := row.Scan(
-		&i.ID,
-		&i.CustomerID,
-		&i.CustomerEmail,
-		&i.Status,
-		&i.TotalCents,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-	)
-	return i, err
+	return err
 }
 
 const listCustomerOrderViews = `-- name: ListCustomerOrderViews :many
