@@ -29,14 +29,17 @@
 // Waking the relay: a commit that notifies takes a lock that every other
 // notifying commit of the cluster waits for, so commits notify only while the
 // relay sleeps. A relay that found nothing to publish takes the sleep lock,
-// an advisory lock on its LISTEN session, which the outbox trigger takes
-// shared until its commit: the relay gets it only once no commit that
-// inserted rows is in progress, flushes once more to publish what those
-// committed, and waits; while it holds the lock, the trigger cannot take it
-// and the commit notifies. A relay that is busy keeps claiming while its
-// claims find rows, and one that cannot get the lock (commits in progress)
-// looks again within milliseconds. A standby relay does not sleep this way: it
-// learns that the publishing relay is gone by polling.
+// an advisory lock on the session that holds its relay lock, which the
+// outbox trigger takes shared until its commit: the relay gets it only once
+// no commit that inserted rows is in progress, claims once more to publish
+// what those committed, and waits for a notification on its LISTEN session;
+// while it holds the lock, the trigger cannot take it and the commit
+// notifies. The lock is taken in one round trip with that claim (the claim
+// runs only if the lock was had) and released in one round trip with the
+// first claim after the wake-up. A relay that is busy keeps claiming while
+// its claims find rows, and one that cannot get the lock (commits in
+// progress) looks again within milliseconds. A standby relay does not sleep
+// this way: it learns that the publishing relay is gone by polling.
 //
 // A claim starts at the lowest unsent id, never after the last row claimed.
 // A transaction that inserted a row with a lower id can commit after a claim

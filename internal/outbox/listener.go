@@ -7,8 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/onceflow/onceflow/internal/outbox/internal/dbsqlc"
 )
 
 const (
@@ -18,10 +16,10 @@ const (
 	// listenApplicationName names the relay's LISTEN session in
 	// pg_stat_activity.
 	listenApplicationName = "onceflow-outbox-relay"
-	// sleepLockKey is the advisory lock a relay holds on its LISTEN session
-	// while it sleeps: the outbox trigger notifies only when it cannot take
-	// it shared (see the platform migration that defines the trigger).
-	// "outbox_w" in ASCII.
+	// sleepLockKey is the advisory lock a relay holds while it sleeps, on
+	// the session that holds the relay lock: the outbox trigger notifies
+	// only when it cannot take it shared (see the platform migrations that
+	// define the trigger and outbox_sleep). "outbox_w" in ASCII.
 	sleepLockKey int64 = 0x6f7574626f785f77
 
 	connectTimeout = 10 * time.Second
@@ -45,7 +43,6 @@ type listener struct {
 	logger *slog.Logger
 
 	conn        *pgx.Conn     // nil while not listening
-	asleep      bool          // conn's session holds the sleep lock
 	nextAttempt time.Time     // earliest next connection attempt
 	delay       time.Duration // after the next failed attempt
 	broken      bool          // the last session broke or could not start
@@ -130,14 +127,14 @@ func (l *listener) receive(ctx context.Context, deadline time.Time) bool {
 	return false
 }
 
-// lost ends a session that failed, with every lock it held, and schedules
-// its replacement at once; the relay polls meanwhile.
+// lost ends a session that failed and schedules its replacement at once;
+// the relay polls meanwhile.
 func (l *listener) lost(ctx context.Context, err error) {
 	if ctx.Err() == nil {
 		l.logger.WarnContext(ctx, "outbox LISTEN session lost; polling meanwhile", "error", err)
 	}
 	l.closeConn(l.conn)
-	l.conn, l.broken, l.nextAttempt, l.asleep = nil, true, time.Now(), false
+	l.conn, l.broken, l.nextAttempt = nil, true, time.Now()
 }
 
 // drain reads the notifications that are already on the wire. One flush
@@ -154,50 +151,9 @@ func (l *listener) drain(ctx context.Context) {
 	}
 }
 
-// sleepState is what became of an attempt to take the sleep lock.
-type sleepState int
-
-const (
-	asleep    sleepState = iota // the lock is held: commits notify
-	inFlight                    // commits in progress hold it shared
-	sleepless                   // no session to hold it on
-)
-
-// sleep tries to take the sleep lock, after which every commit that inserts
-// outbox rows notifies. While commits in progress hold it shared it cannot
-// be had (inFlight): they do not notify, and their rows are only seen by
-// looking again once they committed. It does not wait for them, so that a
-// long transaction cannot hold up the relay.
-func (l *listener) sleep(ctx context.Context) sleepState {
-	if l.conn == nil {
-		return sleepless
-	}
-	locked, err := dbsqlc.New().TrySleepLock(ctx, l.conn, sleepLockKey)
-	if err != nil {
-		// Whether the lock was taken is unknown: the session must end.
-		l.lost(ctx, err)
-		return sleepless
-	}
-	if !locked {
-		return inFlight
-	}
-	l.asleep = true
-	return asleep
-}
-
-// wake releases the sleep lock: commits stop notifying while the relay
-// works.
-func (l *listener) wake(ctx context.Context) {
-	if !l.asleep { // lost ends a session and its sleep together
-		return
-	}
-	l.asleep = false
-	if _, err := dbsqlc.New().ReleaseSleepLock(context.WithoutCancel(ctx), l.conn, sleepLockKey); err != nil {
-		// Held on, the lock would make every commit notify: end the
-		// session, which releases it.
-		l.lost(ctx, err)
-	}
-}
+// listening reports whether the session is up: commits notified while it
+// is down go unheard.
+func (l *listener) listening() bool { return l.conn != nil }
 
 func (l *listener) close() {
 	if l.conn != nil {

@@ -3,12 +3,14 @@ package outbox
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -152,60 +154,91 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.unlock(lead)
 		}
 	}()
-	flush := func() (sent int, locked bool, err error) {
+	flush := func(op sleepOp) (sent int, locked bool, err error) {
 		if lead == nil {
 			if lead, err = r.lead(ctx); lead == nil {
 				return 0, false, err
 			}
 		}
-		if sent, err = r.relay(ctx, lead); err != nil {
-			r.unlock(lead)
+		if sent, err = r.relay(ctx, lead, op); err != nil && !errors.Is(err, errCommitting) {
+			r.unlock(lead) // and the sleep lock with it
 			lead = nil
 		}
 		return sent, true, err
 	}
+	// The sleep lock is taken and released in the round trip of a claim:
+	// a relay that sleeps costs one round trip to go to sleep and none of
+	// its own to wake up.
+	op := stayAwake
 	pause := minBusyPause
 	for {
-		sent, locked, err := flush()
+		sent, locked, err := flush(op)
 		switch {
 		case ctx.Err() != nil:
 			return nil
+		case errors.Is(err, errCommitting):
+			// Producers are committing and will not notify: look again
+			// shortly, later each time in a row this happens (a long
+			// transaction must not make the relay spin), with a claim of
+			// its own, since the claim behind the failed lock did not run.
+			l.wait(ctx, pause, true)
+			pause = min(2*pause, maxBusyPause, r.cfg.PollInterval)
+			op = stayAwake
 		case err != nil:
 			// Pause for a whole interval instead of trying again at the
 			// next commit: a broker or database that fails is not helped
-			// by a batch per commit.
+			// by a batch per commit. The sleep lock went with the session's
+			// relay lock.
 			r.logger.WarnContext(ctx, "relay outbox", "error", err, "retry_in", r.cfg.PollInterval)
 			l.wait(ctx, r.cfg.PollInterval, false)
+			op = stayAwake
 		case !locked:
 			// Another relay publishes. Commits do not notify while it
 			// works, so only the poll notices when it is gone.
 			l.wait(ctx, r.cfg.PollInterval, true)
+			op = stayAwake
+		case op == goToSleep:
+			// Asleep: commits notify from now on, and the flush saw the
+			// rows of those that held the lock before. The next flush
+			// releases the lock with its first claim.
+			pause = minBusyPause
+			if sent == 0 {
+				l.wait(ctx, r.cfg.PollInterval, true)
+			}
+			op = wakeUp
+		case !l.listening():
+			// No session to be notified on: poll until there is one.
+			l.wait(ctx, r.cfg.PollInterval, true)
+			op = stayAwake
 		default:
-			// The flush ended with a claim that found nothing.
+			// The flush ended with a claim that found nothing: sleep.
 			if sent > 0 {
 				pause = minBusyPause
 			}
-			switch l.sleep(ctx) {
-			case sleepless:
-				l.wait(ctx, r.cfg.PollInterval, true)
-			case inFlight:
-				// Producers are committing and will not notify: look
-				// again shortly, later each time in a row this happens
-				// (a long transaction must not make the relay spin).
-				l.wait(ctx, pause, true)
-				pause = min(2*pause, maxBusyPause, r.cfg.PollInterval)
-			case asleep:
-				// Commits notify from now on; those that held the lock
-				// before have committed, and a flush sees their rows.
-				pause = minBusyPause
-				if sent, _, err := flush(); sent == 0 && err == nil {
-					l.wait(ctx, r.cfg.PollInterval, true)
-				}
-				l.wake(ctx)
-			}
+			op = goToSleep
 		}
 	}
 }
+
+// sleepOp is what a flush does with the relay's sleep lock, in the round
+// trip of its first claim.
+type sleepOp int
+
+const (
+	stayAwake sleepOp = iota
+	// goToSleep takes the sleep lock ahead of the claim, which then sees
+	// every row committed without a notification. While commits in
+	// progress hold the lock shared the flush claims nothing and returns
+	// errCommitting.
+	goToSleep
+	// wakeUp releases the sleep lock: commits stop notifying while the
+	// relay works.
+	wakeUp
+)
+
+// errCommitting is a flush's answer when it could not take the sleep lock
+// because producers are committing; it is no failure.
+var errCommitting = errors.New("outbox commits in progress")
 
 // Flush relays every row that is unsent when it is called: it publishes batch
 // after batch until none is left, and returns how many rows it marked sent.
@@ -224,7 +257,7 @@ func (r *Relay) flush(ctx context.Context) (sent int, locked bool, err error) {
 		return 0, false, err
 	}
 	defer r.unlock(conn)
-	sent, err = r.relay(ctx, conn)
+	sent, err = r.relay(ctx, conn, stayAwake)
 	return sent, true, err
 }
 
@@ -284,7 +317,8 @@ type batch struct {
 // relay publishes the outbox batch after batch and marks the batches sent in
 // the order they were claimed, on conn, whose session holds the relay lock.
 // It returns how many rows it marked sent, once a claim found nothing more
-// to publish (or ctx is done, or an error cut it short).
+// to publish (or ctx is done, or an error cut it short). Its first claim
+// carries op.
 //
 // Up to pipelineDepth batches are claimed and not yet marked at a time, and
 // a goroutine of the flush publishes them, in order: while the database marks
@@ -293,7 +327,7 @@ type batch struct {
 // next claim, in one round trip: under load a batch costs one round trip,
 // and when the outbox runs dry the claim that finds nothing carries the last
 // mark.
-func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn) (int, error) {
+func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn, op sleepOp) (int, error) {
 	// Batches in flight are finished even when ctx is canceled: their
 	// messages may already be in the stream and should be marked sent.
 	work := context.WithoutCancel(ctx)
@@ -312,10 +346,19 @@ func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn) (int, error) {
 		more     = true // unsent rows may lie beyond the last claim
 		claimErr error
 	)
+	switch op { // queued: the error is the first claim's
+	case goToSleep:
+		_ = r.queries.TakeSleepLock(work, &marks.p, sleepLockKey)
+	case wakeUp:
+		_ = r.queries.ReleaseSleepLock(work, &marks.p, sleepLockKey)
+	}
 	for {
 		for (more || marks.queued()) && claimErr == nil && len(inFlight) < pipelineDepth && ctx.Err() == nil {
 			rows, err := r.claim(work, conn, inFlight, &marks)
 			total += r.marked(&marks, err)
+			if op == goToSleep && len(inFlight) == 0 && isLockNotAvailable(err) {
+				return 0, errCommitting // the first claim: nothing in flight
+			}
 			if err != nil {
 				// Finish what is in flight first: the connection may
 				// still be good enough to mark it.
@@ -568,13 +611,14 @@ func (r *Relay) failed(err error) error {
 // not hold up shutdown for ever.
 func (r *Relay) dbTimeout() time.Duration { return 2 * r.cfg.PublishTimeout }
 
-// unlock releases the relay lock and hands conn back to the pool. A
+// unlock releases the relay lock (and the sleep lock) and hands conn back to
+// the pool. A
 // connection that may still hold the lock is closed instead: back in the
 // pool, idle, it would keep the other relays of the database standing by.
 func (r *Relay) unlock(conn *pgxpool.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
-	if _, err := r.queries.ReleaseRelayLock(ctx, conn, r.cfg.LockKey); err != nil {
+	if err := r.queries.ReleaseRelayLocks(ctx, conn); err != nil {
 		r.logger.Debug("release outbox relay lock; closing its connection", "error", err)
 		r.closeConn(conn)
 		return
@@ -613,4 +657,10 @@ func message(row dbsqlc.ClaimUnsentRow) (*nats.Msg, error) {
 	}
 	msg.Subject = row.NatsSubject
 	return msg, nil
+}
+
+// isLockNotAvailable reports whether err is PostgreSQL's lock_not_available.
+func isLockNotAvailable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }

@@ -557,9 +557,48 @@ func TestFlushSendsEachMarkWithTheNextClaim(t *testing.T) {
 		{"TryRelayLock"},
 		{"ClaimUnsent"}, {"ClaimUnsent"},
 		claimWithMark, claimWithMark, claimWithMark, claimWithMark, claimWithMark,
-		{"ReleaseRelayLock"},
+		{"ReleaseRelayLocks"},
 	}, trips.names())
 	require.Len(t, streamMsgs(t, f.js, streams.Orders), events)
+}
+
+// A relay takes its sleep lock in the round trip of the claim that must
+// follow it, and releases it with the first claim after the wake-up: a
+// commit noticed by a sleeping relay costs it three round trips (release and
+// claim, mark and the claim that finds nothing, sleep and claim) where
+// separate lock statements made it five.
+func TestSleepAndWakeGoWithClaims(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := setup(t)
+	f.provision(t, 0)
+	var trips roundTrips
+	cfg := f.db.Pool.Config()
+	cfg.ConnConfig.Tracer = &trips
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	// Polling alone would take a minute.
+	run(t, outbox.NewRelay(pool, f.js, outbox.RelayConfig{PollInterval: time.Minute}, f.logger))
+
+	sleepAndClaim := []string{"TakeSleepLock", "ClaimUnsent"}
+	asleepAfter := func(n int) int { // the trips once the relay sleeps, past the first n
+		var got [][]string
+		require.Eventually(t, func() bool {
+			got = trips.names()
+			return len(got) > n && slices.Equal(got[len(got)-1], sleepAndClaim)
+		}, 5*time.Second, time.Millisecond, "the relay did not go to sleep")
+		return len(got)
+	}
+	n := asleepAfter(0)
+	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 1))
+	awaitMsgs(t, f.js, streams.Orders, 1, 5*time.Second)
+	asleepAfter(n)
+	require.Equal(t, [][]string{
+		{"ReleaseSleepLock", "ClaimUnsent"},
+		{"MarkSent", "ClaimUnsent"},
+		sleepAndClaim,
+	}, trips.names()[n:])
 }
 
 // roundTrips is a pgx tracer that records the sqlc query names of each round

@@ -12,8 +12,11 @@ VALUES (@event_id, @event_type, @source, @subject, @nats_subject, @event_time, @
 -- it with pg_try_advisory_xact_lock is kept out as well.
 SELECT pg_try_advisory_lock(@lock_key::bigint);
 
--- name: ReleaseRelayLock :one
-SELECT pg_advisory_unlock(@lock_key::bigint);
+-- name: ReleaseRelayLocks :exec
+-- Ends a relay's turn on its session: the relay lock and, if the relay
+-- sleeps, the sleep lock. The session is a pooled connection's, which holds
+-- no other advisory lock.
+SELECT pg_advisory_unlock_all();
 
 -- name: ClaimUnsent :many
 -- The next batch: the unsent rows in id order from the lowest, leaving out
@@ -105,11 +108,13 @@ FROM (
 ) AS e
 ORDER BY e.ord;
 
--- name: TrySleepLock :one
--- Taken by a relay about to sleep, on its LISTEN session, once no commit in
--- progress holds it shared (see the outbox_notify trigger); while it is
--- held, every commit that inserts rows notifies.
-SELECT pg_try_advisory_lock(@sleep_key::bigint);
+-- name: TakeSleepLock :exec
+-- Taken by a relay about to sleep, on the session that holds the relay lock,
+-- once no commit in progress holds it shared (see the outbox_notify
+-- trigger); while it is held, every commit that inserts rows notifies. It
+-- fails with lock_not_available while such commits are in progress, and
+-- the claim queued behind it does not run.
+SELECT outbox_sleep(@sleep_key::bigint);
 
--- name: ReleaseSleepLock :one
+-- name: ReleaseSleepLock :exec
 SELECT pg_advisory_unlock(@sleep_key::bigint);

@@ -236,26 +236,39 @@ func (q *Queries) Redrive(ctx context.Context, db DBTX, since time.Time) (int64,
 	return result.RowsAffected(), nil
 }
 
-const releaseRelayLock = `-- name: ReleaseRelayLock :one
-SELECT pg_advisory_unlock($1::bigint)
+const releaseRelayLocks = `-- name: ReleaseRelayLocks :exec
+SELECT pg_advisory_unlock_all()
 `
 
-func (q *Queries) ReleaseRelayLock(ctx context.Context, db DBTX, lockKey int64) (bool, error) {
-	row := db.QueryRow(ctx, releaseRelayLock, lockKey)
-	var pg_advisory_unlock bool
-	err := row.Scan(&pg_advisory_unlock)
-	return pg_advisory_unlock, err
+// Ends a relay's turn on its session: the relay lock and, if the relay
+// sleeps, the sleep lock. The session is a pooled connection's, which holds
+// no other advisory lock.
+func (q *Queries) ReleaseRelayLocks(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, releaseRelayLocks)
+	return err
 }
 
-const releaseSleepLock = `-- name: ReleaseSleepLock :one
+const releaseSleepLock = `-- name: ReleaseSleepLock :exec
 SELECT pg_advisory_unlock($1::bigint)
 `
 
-func (q *Queries) ReleaseSleepLock(ctx context.Context, db DBTX, sleepKey int64) (bool, error) {
-	row := db.QueryRow(ctx, releaseSleepLock, sleepKey)
-	var pg_advisory_unlock bool
-	err := row.Scan(&pg_advisory_unlock)
-	return pg_advisory_unlock, err
+func (q *Queries) ReleaseSleepLock(ctx context.Context, db DBTX, sleepKey int64) error {
+	_, err := db.Exec(ctx, releaseSleepLock, sleepKey)
+	return err
+}
+
+const takeSleepLock = `-- name: TakeSleepLock :exec
+SELECT outbox_sleep($1::bigint)
+`
+
+// Taken by a relay about to sleep, on the session that holds the relay lock,
+// once no commit in progress holds it shared (see the outbox_notify
+// trigger); while it is held, every commit that inserts rows notifies. It
+// fails with lock_not_available while such commits are in progress, and
+// the claim queued behind it does not run.
+func (q *Queries) TakeSleepLock(ctx context.Context, db DBTX, sleepKey int64) error {
+	_, err := db.Exec(ctx, takeSleepLock, sleepKey)
+	return err
 }
 
 const tryRelayLock = `-- name: TryRelayLock :one
@@ -271,20 +284,6 @@ SELECT pg_try_advisory_lock($1::bigint)
 // it with pg_try_advisory_xact_lock is kept out as well.
 func (q *Queries) TryRelayLock(ctx context.Context, db DBTX, lockKey int64) (bool, error) {
 	row := db.QueryRow(ctx, tryRelayLock, lockKey)
-	var pg_try_advisory_lock bool
-	err := row.Scan(&pg_try_advisory_lock)
-	return pg_try_advisory_lock, err
-}
-
-const trySleepLock = `-- name: TrySleepLock :one
-SELECT pg_try_advisory_lock($1::bigint)
-`
-
-// Taken by a relay about to sleep, on its LISTEN session, once no commit in
-// progress holds it shared (see the outbox_notify trigger); while it is
-// held, every commit that inserts rows notifies.
-func (q *Queries) TrySleepLock(ctx context.Context, db DBTX, sleepKey int64) (bool, error) {
-	row := db.QueryRow(ctx, trySleepLock, sleepKey)
 	var pg_try_advisory_lock bool
 	err := row.Scan(&pg_try_advisory_lock)
 	return pg_try_advisory_lock, err
