@@ -542,12 +542,7 @@ func TestFlushSendsEachMarkWithTheNextClaim(t *testing.T) {
 	evs := orderEvents(t, events)
 	enqueue(t, f.db.Pool, evs...)
 
-	var trips roundTrips
-	cfg := f.db.Pool.Config()
-	cfg.ConnConfig.Tracer = &trips
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool, trips := tracedPool(t, f)
 	n, err := outbox.NewRelay(pool, f.js, outbox.RelayConfig{BatchSize: 5}, f.logger).Flush(ctx)
 	require.NoError(t, err)
 	require.Equal(t, events, n)
@@ -569,15 +564,9 @@ func TestFlushSendsEachMarkWithTheNextClaim(t *testing.T) {
 // separate lock statements made it five.
 func TestSleepAndWakeGoWithClaims(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
 	f := setup(t)
 	f.provision(t, 0)
-	var trips roundTrips
-	cfg := f.db.Pool.Config()
-	cfg.ConnConfig.Tracer = &trips
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool, trips := tracedPool(t, f)
 	// Polling alone would take a minute.
 	run(t, outbox.NewRelay(pool, f.js, outbox.RelayConfig{PollInterval: time.Minute}, f.logger))
 
@@ -599,6 +588,18 @@ func TestSleepAndWakeGoWithClaims(t *testing.T) {
 		{"MarkSent", "ClaimUnsent"},
 		sleepAndClaim,
 	}, trips.names()[n:])
+}
+
+// tracedPool returns a pool of f's database whose round trips are recorded.
+func tracedPool(t *testing.T, f *fixture) (*pgxpool.Pool, *roundTrips) {
+	t.Helper()
+	trips := &roundTrips{}
+	cfg := f.db.Pool.Config()
+	cfg.ConnConfig.Tracer = trips
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, trips
 }
 
 // roundTrips is a pgx tracer that records the sqlc query names of each round
