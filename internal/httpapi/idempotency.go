@@ -27,12 +27,39 @@ const (
 // the COMMIT (see idempotency.Func).
 type Write func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (status int, v any, err error)
 
+// Writes is a request's database write that needs no answer from the
+// database: it only queues its statements on writes. Its key's claim, its
+// writes, its stored response and the COMMIT go in one round trip (see
+// idempotency.Store.DoWrites).
+type Writes func(ctx context.Context, writes *postgres.Pipeline) (status int, v any, err error)
+
 // Idempotent runs write under the request's Idempotency-Key and sends its
 // response, or the stored response of an earlier request with the same key
 // (with Idempotent-Replayed: true). body is the request body, already read:
 // it is part of the fingerprint. A missing key is a 400, a key reused with a
 // different request a 422, a key whose first request is still running a 409.
 func Idempotent(c echo.Context, store *idempotency.Store, body []byte, write Write) error {
+	return idempotent(c, body, func(ctx context.Context, req idempotency.Request) (idempotency.Response, bool, error) {
+		return store.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (idempotency.Response, error) {
+			return response(write(ctx, tx, writes))
+		})
+	})
+}
+
+// IdempotentWrites is Idempotent for a write that only queues statements:
+// the request takes one round trip to the database unless its key was used
+// before.
+func IdempotentWrites(c echo.Context, store *idempotency.Store, body []byte, write Writes) error {
+	return idempotent(c, body, func(ctx context.Context, req idempotency.Request) (idempotency.Response, bool, error) {
+		return store.DoWrites(ctx, req, func(ctx context.Context, writes *postgres.Pipeline) (idempotency.Response, error) {
+			return response(write(ctx, writes))
+		})
+	})
+}
+
+// idempotent checks the request's key, runs it with do and sends the
+// response.
+func idempotent(c echo.Context, body []byte, do func(context.Context, idempotency.Request) (idempotency.Response, bool, error)) error {
 	req := c.Request()
 	key := req.Header.Get(HeaderIdempotencyKey)
 	switch {
@@ -41,24 +68,10 @@ func Idempotent(c echo.Context, store *idempotency.Store, body []byte, write Wri
 	case len(key) > maxKeyLength:
 		return BadRequest("the %s header is longer than %d bytes", HeaderIdempotencyKey, maxKeyLength)
 	}
-	resp, replayed, err := store.Do(req.Context(), idempotency.Request{
+	resp, replayed, err := do(req.Context(), idempotency.Request{
 		Scope:       req.Method + " " + c.Path(),
 		Key:         key,
 		Fingerprint: idempotency.Fingerprint([]byte(req.Method), []byte(req.URL.Path), body),
-	}, func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (idempotency.Response, error) {
-		status, v, err := write(ctx, tx, writes)
-		if err != nil {
-			return idempotency.Response{}, err
-		}
-		b, err := json.Marshal(v)
-		if err != nil {
-			return idempotency.Response{}, fmt.Errorf("encode response: %w", err)
-		}
-		return idempotency.Response{
-			Status: status,
-			Header: map[string]string{echo.HeaderContentType: echo.MIMEApplicationJSON},
-			Body:   b,
-		}, nil
 	})
 	switch {
 	case errors.Is(err, idempotency.ErrMismatch):
@@ -75,4 +88,20 @@ func Idempotent(c echo.Context, store *idempotency.Store, body []byte, write Wri
 		c.Response().Header().Set(HeaderReplayed, "true")
 	}
 	return c.Blob(resp.Status, c.Response().Header().Get(echo.HeaderContentType), resp.Body)
+}
+
+// response is the stored form of a write's answer: v as JSON.
+func response(status int, v any, err error) (idempotency.Response, error) {
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return idempotency.Response{}, fmt.Errorf("encode response: %w", err)
+	}
+	return idempotency.Response{
+		Status: status,
+		Header: map[string]string{echo.HeaderContentType: echo.MIMEApplicationJSON},
+		Body:   b,
+	}, nil
 }

@@ -85,7 +85,7 @@ func (s *Store) Do(ctx context.Context, req Request, fn Func) (resp Response, re
 		Scope:       req.Scope,
 		Key:         req.Key,
 		Fingerprint: req.Fingerprint,
-		LockTimeout: fmt.Sprintf("%dms", s.waitInFlight.Milliseconds()),
+		LockTimeout: s.lockTimeout(),
 	})
 	defer begin.End(ctx) // rolls back unless committed
 	tx, err := begin.Tx()
@@ -107,19 +107,9 @@ func (s *Store) Do(ctx context.Context, req Request, fn Func) (resp Response, re
 	if resp, err = fn(ctx, tx, &writes); err != nil {
 		return Response{}, false, err
 	}
-	header, err := json.Marshal(resp.Header)
-	if err != nil {
-		return Response{}, false, fmt.Errorf("encode response header: %w", err)
-	}
 	// The response is stored in the round trip of fn's writes and the COMMIT.
-	if err := s.queries.CompleteKey(ctx, &writes, dbsqlc.CompleteKeyParams{
-		Scope:           req.Scope,
-		Key:             req.Key,
-		StatusCode:      pgtype.Int4{Int32: int32(resp.Status), Valid: true},
-		ResponseHeaders: header,
-		ResponseBody:    resp.Body,
-	}); err != nil {
-		return Response{}, false, fmt.Errorf("store idempotent response: %w", err)
+	if err := s.complete(ctx, &writes, req, resp); err != nil {
+		return Response{}, false, err
 	}
 	if err := begin.Commit(ctx, &writes); err != nil {
 		return Response{}, false, fmt.Errorf("write, store idempotent response and commit: %w", err)
@@ -127,8 +117,86 @@ func (s *Store) Do(ctx context.Context, req Request, fn Func) (resp Response, re
 	return resp, false, nil
 }
 
-func (s *Store) stored(ctx context.Context, tx pgx.Tx, req Request) (Response, error) {
-	row, err := s.queries.GetKey(ctx, tx, dbsqlc.GetKeyParams{Scope: req.Scope, Key: req.Key})
+// WritesFunc is a request's write that needs no answer from the database:
+// it only queues its statements on writes.
+type WritesFunc func(ctx context.Context, writes *postgres.Pipeline) (Response, error)
+
+// DoWrites is Do for a write that only queues statements, in one round trip
+// where Do takes two: the key's claim, fn's writes, the stored response and
+// the commit are sent together, on the bet that the key is new. When it was
+// claimed before, the claim fails, the writes behind it do not run, and
+// DoWrites answers as Do: the stored response, ErrMismatch or (after
+// waiting for the request in flight with the key) ErrInFlight. When fn
+// returns an error, DoWrites looks the key up: a retry whose first request
+// succeeded is replayed even when fn refuses now (e.g. with a 503 while the
+// service is overloaded).
+func (s *Store) DoWrites(ctx context.Context, req Request, fn WritesFunc) (resp Response, replayed bool, err error) {
+	claimFirst := func(ctx context.Context, _ pgx.Tx, writes *postgres.Pipeline) (Response, error) {
+		return fn(ctx, writes)
+	}
+	var writes postgres.Pipeline
+	// Queued: the error is Send's.
+	_ = s.queries.ClaimNewKey(ctx, &writes, dbsqlc.ClaimNewKeyParams{
+		Scope:       req.Scope,
+		Key:         req.Key,
+		Fingerprint: req.Fingerprint,
+		LockTimeout: s.lockTimeout(),
+	})
+	if resp, err = fn(ctx, &writes); err != nil {
+		// A retry whose first request succeeded is replayed even when
+		// fn refuses now.
+		stored, serr := s.stored(ctx, s.pool, req)
+		switch {
+		case serr == nil:
+			return stored, true, nil
+		case errors.Is(serr, ErrMismatch):
+			return Response{}, false, serr
+		}
+		return Response{}, false, err
+	}
+	if err := s.complete(ctx, &writes, req, resp); err != nil {
+		return Response{}, false, err
+	}
+	// Outside a transaction the statements run in one implicit
+	// transaction: all or none.
+	err = writes.Send(ctx, s.pool)
+	var qe *postgres.QueryError
+	switch {
+	case err == nil:
+		return resp, false, nil
+	case !errors.As(err, &qe) || qe.Query != "ClaimNewKey":
+	case isLockTimeout(err):
+		return Response{}, false, ErrInFlight
+	case isUniqueViolation(err): // claimed before: replay it
+		return s.Do(ctx, req, claimFirst)
+	}
+	return Response{}, false, fmt.Errorf("write, store idempotent response and commit: %w", err)
+}
+
+// complete queues on writes the storing of resp under req's key.
+func (s *Store) complete(ctx context.Context, writes *postgres.Pipeline, req Request, resp Response) error {
+	header, err := json.Marshal(resp.Header)
+	if err != nil {
+		return fmt.Errorf("encode response header: %w", err)
+	}
+	if err := s.queries.CompleteKey(ctx, writes, dbsqlc.CompleteKeyParams{
+		Scope:           req.Scope,
+		Key:             req.Key,
+		StatusCode:      pgtype.Int4{Int32: int32(resp.Status), Valid: true},
+		ResponseHeaders: header,
+		ResponseBody:    resp.Body,
+	}); err != nil {
+		return fmt.Errorf("store idempotent response: %w", err)
+	}
+	return nil
+}
+
+// lockTimeout is how long a claim waits for a request in flight with its
+// key, as PostgreSQL's lock_timeout.
+func (s *Store) lockTimeout() string { return fmt.Sprintf("%dms", s.waitInFlight.Milliseconds()) }
+
+func (s *Store) stored(ctx context.Context, db dbsqlc.DBTX, req Request) (Response, error) {
+	row, err := s.queries.GetKey(ctx, db, dbsqlc.GetKeyParams{Scope: req.Scope, Key: req.Key})
 	if err != nil {
 		return Response{}, fmt.Errorf("read idempotency key: %w", err)
 	}
@@ -152,6 +220,11 @@ func (s *Store) stored(ctx context.Context, tx pgx.Tx, req Request) (Response, e
 func isLockTimeout(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
+}
+
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
 
 // Cleaner deletes keys older than the retention period.

@@ -20,50 +20,120 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 
-func newStore(t *testing.T, wait time.Duration) (*idempotency.Store, *testenv.Database) {
+// fixture is a store on a database of its own, with a table for the writes.
+type fixture struct {
+	store *idempotency.Store
+	db    *testenv.Database
+}
+
+func newFixture(t *testing.T, wait time.Duration) fixture {
 	t.Helper()
 	db := testenv.NewServiceDatabase(t, "")
-	return idempotency.NewStore(db.Pool, wait), db
+	_, err := db.Pool.Exec(t.Context(), "CREATE TABLE things (key text)")
+	require.NoError(t, err)
+	return fixture{store: idempotency.NewStore(db.Pool, wait), db: db}
+}
+
+// things counts the writes committed.
+func (f fixture) things(t *testing.T) (n int) {
+	t.Helper()
+	require.NoError(t, f.db.Pool.QueryRow(t.Context(), "SELECT count(*) FROM things").Scan(&n))
+	return n
+}
+
+// way is one of the store's two ways to run a write: Do, which claims the
+// key first, and DoWrites, which sends the claim with the writes.
+type way func(ctx context.Context, s *idempotency.Store, req idempotency.Request, fn idempotency.WritesFunc) (idempotency.Response, bool, error)
+
+var ways = map[string]way{
+	"Do": func(ctx context.Context, s *idempotency.Store, req idempotency.Request, fn idempotency.WritesFunc) (idempotency.Response, bool, error) {
+		return s.Do(ctx, req, func(ctx context.Context, _ pgx.Tx, writes *postgres.Pipeline) (idempotency.Response, error) {
+			return fn(ctx, writes)
+		})
+	},
+	"DoWrites": func(ctx context.Context, s *idempotency.Store, req idempotency.Request, fn idempotency.WritesFunc) (idempotency.Response, bool, error) {
+		return s.DoWrites(ctx, req, fn)
+	},
+}
+
+// forEachWay runs test as a parallel subtest for each way.
+func forEachWay(t *testing.T, test func(t *testing.T, do way)) {
+	for name, do := range ways {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			test(t, do)
+		})
+	}
 }
 
 func request(key, body string) idempotency.Request {
 	return idempotency.Request{Scope: "POST /things", Key: key, Fingerprint: idempotency.Fingerprint([]byte("POST"), []byte(body))}
 }
 
-func respond(calls *atomic.Int32, status int) func(context.Context, pgx.Tx, *postgres.Pipeline) (idempotency.Response, error) {
-	return func(context.Context, pgx.Tx, *postgres.Pipeline) (idempotency.Response, error) {
+// insert queues a write of a thing (and, if fail, a statement that fails
+// after it), counts its calls and answers status.
+func insert(calls *atomic.Int32, status int, fail bool) idempotency.WritesFunc {
+	return func(ctx context.Context, writes *postgres.Pipeline) (idempotency.Response, error) {
 		calls.Add(1)
+		if _, err := writes.Exec(ctx, "INSERT INTO things VALUES ('k')"); err != nil {
+			return idempotency.Response{}, err
+		}
+		if fail {
+			_, _ = writes.Exec(ctx, "SELECT 1/0")
+		}
 		return idempotency.Response{Status: status, Header: map[string]string{"X": "y"}, Body: []byte(`{"n":1}`)}, nil
 	}
 }
 
 func TestReplayMismatchAndFailure(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	store, _ := newStore(t, 0)
-	var calls atomic.Int32
+	forEachWay(t, func(t *testing.T, do way) {
+		ctx := t.Context()
+		f := newFixture(t, 0)
+		var calls atomic.Int32
 
-	first, replayed, err := store.Do(ctx, request("k1", "a"), respond(&calls, 201))
-	require.NoError(t, err)
-	require.False(t, replayed)
-	again, replayed, err := store.Do(ctx, request("k1", "a"), respond(&calls, 201))
-	require.NoError(t, err)
-	require.True(t, replayed)
-	require.Equal(t, first, again)
-	require.Equal(t, int32(1), calls.Load(), "a replay does not run the write")
+		first, replayed, err := do(ctx, f.store, request("k1", "a"), insert(&calls, 201, false))
+		require.NoError(t, err)
+		require.False(t, replayed)
+		again, replayed, err := do(ctx, f.store, request("k1", "a"), insert(&calls, 201, false))
+		require.NoError(t, err)
+		require.True(t, replayed)
+		require.Equal(t, first, again)
+		require.Equal(t, 1, f.things(t), "a replay writes nothing")
 
-	_, _, err = store.Do(ctx, request("k1", "b"), respond(&calls, 201))
-	require.ErrorIs(t, err, idempotency.ErrMismatch)
+		_, _, err = do(ctx, f.store, request("k1", "b"), insert(&calls, 201, false))
+		require.ErrorIs(t, err, idempotency.ErrMismatch)
 
-	// A failed write stores nothing: the retry runs afresh.
-	boom := errors.New("boom")
-	_, _, err = store.Do(ctx, request("k2", "a"), func(context.Context, pgx.Tx, *postgres.Pipeline) (idempotency.Response, error) {
-		return idempotency.Response{}, boom
+		// A failed write stores nothing: the retry runs afresh.
+		boom := errors.New("boom")
+		_, _, err = do(ctx, f.store, request("k2", "a"), func(context.Context, *postgres.Pipeline) (idempotency.Response, error) {
+			return idempotency.Response{}, boom
+		})
+		require.ErrorIs(t, err, boom)
+		_, replayed, err = do(ctx, f.store, request("k2", "a"), insert(&calls, 201, false))
+		require.NoError(t, err)
+		require.False(t, replayed)
+		require.Equal(t, 2, f.things(t))
 	})
-	require.ErrorIs(t, err, boom)
-	_, replayed, err = store.Do(ctx, request("k2", "a"), respond(&calls, 201))
-	require.NoError(t, err)
-	require.False(t, replayed)
+}
+
+// A refusal (an error of the write) of a retry whose first request
+// succeeded is not what the client sees: it gets the stored response.
+func TestRetryIsReplayedEvenWhenTheWriteWouldRefuse(t *testing.T) {
+	t.Parallel()
+	forEachWay(t, func(t *testing.T, do way) {
+		ctx := t.Context()
+		f := newFixture(t, 0)
+		var calls atomic.Int32
+		first, _, err := do(ctx, f.store, request("k", "a"), insert(&calls, 201, false))
+		require.NoError(t, err)
+		again, replayed, err := do(ctx, f.store, request("k", "a"), func(context.Context, *postgres.Pipeline) (idempotency.Response, error) {
+			return idempotency.Response{}, errors.New("overloaded")
+		})
+		require.NoError(t, err)
+		require.True(t, replayed)
+		require.Equal(t, first, again)
+	})
 }
 
 // Writes queued by fn are committed with the stored response; when one of
@@ -71,106 +141,102 @@ func TestReplayMismatchAndFailure(t *testing.T) {
 // with the key runs afresh.
 func TestQueuedWritesCommitWithTheResponse(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	store, db := newStore(t, 0)
-	_, err := db.Pool.Exec(ctx, "CREATE TABLE things (key text)")
-	require.NoError(t, err)
-	var calls atomic.Int32
-	insert := func(fail bool) idempotency.Func {
-		return func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (idempotency.Response, error) {
-			if _, err := writes.Exec(ctx, "INSERT INTO things VALUES ('k')"); err != nil {
-				return idempotency.Response{}, err
-			}
-			if fail {
-				_, _ = writes.Exec(ctx, "SELECT 1/0")
-			}
-			return respond(&calls, 201)(ctx, tx, writes)
-		}
-	}
-	things := func() (n int) {
-		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM things").Scan(&n))
-		return n
-	}
+	forEachWay(t, func(t *testing.T, do way) {
+		ctx := t.Context()
+		f := newFixture(t, 0)
+		var calls atomic.Int32
 
-	_, _, err = store.Do(ctx, request("k", "a"), insert(true))
-	var pgErr *pgconn.PgError
-	require.ErrorAs(t, err, &pgErr)
-	require.Equal(t, "22012", pgErr.Code, "division by zero")
-	require.Zero(t, things(), "a failed queued write rolls back the writes queued before it")
+		_, _, err := do(ctx, f.store, request("k", "a"), insert(&calls, 201, true))
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr)
+		require.Equal(t, "22012", pgErr.Code, "division by zero")
+		require.Zero(t, f.things(t), "a failed queued write rolls back the writes queued before it")
 
-	_, replayed, err := store.Do(ctx, request("k", "a"), insert(false))
-	require.NoError(t, err)
-	require.False(t, replayed, "the failed request stored no response")
-	require.Equal(t, 1, things())
+		_, replayed, err := do(ctx, f.store, request("k", "a"), insert(&calls, 201, false))
+		require.NoError(t, err)
+		require.False(t, replayed, "the failed request stored no response")
+		require.Equal(t, 1, f.things(t))
 
-	_, replayed, err = store.Do(ctx, request("k", "a"), insert(false))
-	require.NoError(t, err)
-	require.True(t, replayed)
-	require.Equal(t, 1, things(), "a replay writes nothing")
+		_, replayed, err = do(ctx, f.store, request("k", "a"), insert(&calls, 201, false))
+		require.NoError(t, err)
+		require.True(t, replayed)
+		require.Equal(t, 1, f.things(t), "a replay writes nothing")
+	})
 }
 
-func TestConcurrentRequestsWithOneKeyRunOnce(t *testing.T) {
+// Concurrent requests with one key write once; the others replay the
+// response. (DoWrites may build the writes of each, but commits one.)
+func TestConcurrentRequestsWithOneKeyWriteOnce(t *testing.T) {
 	t.Parallel()
-	store, _ := newStore(t, 10*time.Second)
-	var calls atomic.Int32
-	var wg sync.WaitGroup
-	replays := atomic.Int32{}
-	for range 20 {
-		wg.Go(func() {
-			_, replayed, err := store.Do(t.Context(), request("same", "a"), func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (idempotency.Response, error) {
-				time.Sleep(50 * time.Millisecond) // hold the key while the others arrive
-				return respond(&calls, 201)(ctx, tx, writes)
+	forEachWay(t, func(t *testing.T, do way) {
+		f := newFixture(t, 10*time.Second)
+		var calls atomic.Int32
+		var wg sync.WaitGroup
+		replays := atomic.Int32{}
+		for range 20 {
+			wg.Go(func() {
+				_, replayed, err := do(t.Context(), f.store, request("same", "a"), func(ctx context.Context, writes *postgres.Pipeline) (idempotency.Response, error) {
+					time.Sleep(50 * time.Millisecond) // let the others arrive
+					return insert(&calls, 201, false)(ctx, writes)
+				})
+				require.NoError(t, err)
+				if replayed {
+					replays.Add(1)
+				}
 			})
-			require.NoError(t, err)
-			if replayed {
-				replays.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	require.Equal(t, int32(1), calls.Load())
-	require.Equal(t, int32(19), replays.Load())
+		}
+		wg.Wait()
+		require.Equal(t, 1, f.things(t))
+		require.Equal(t, int32(19), replays.Load())
+	})
 }
 
+// A retry while the first request holds the key waits for it, and is told
+// to come back when the wait is over.
 func TestRetryWhileInFlightIsRefusedAfterTheWait(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	store, _ := newStore(t, 100*time.Millisecond)
-	holding, release := make(chan struct{}), make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		_, _, err := store.Do(ctx, request("slow", "a"), func(context.Context, pgx.Tx, *postgres.Pipeline) (idempotency.Response, error) {
-			close(holding)
-			<-release
-			return idempotency.Response{Status: 201}, nil
-		})
-		done <- err
-	}()
-	<-holding
-	_, _, err := store.Do(ctx, request("slow", "a"), func(context.Context, pgx.Tx, *postgres.Pipeline) (idempotency.Response, error) {
-		t.Error("a retry in flight must not run the write")
-		return idempotency.Response{}, nil
+	forEachWay(t, func(t *testing.T, do way) {
+		ctx := t.Context()
+		f := newFixture(t, 100*time.Millisecond)
+		holding, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		free := func() { once.Do(func() { close(release) }) }
+		t.Cleanup(free) // a failed check must not leave the first request waiting
+		done := make(chan error, 1)
+		go func() {
+			// Do holds the key while its write runs.
+			_, _, err := f.store.Do(ctx, request("slow", "a"), func(context.Context, pgx.Tx, *postgres.Pipeline) (idempotency.Response, error) {
+				close(holding)
+				<-release
+				return idempotency.Response{Status: 201}, nil
+			})
+			done <- err
+		}()
+		<-holding
+		var calls atomic.Int32
+		_, _, err := do(ctx, f.store, request("slow", "a"), insert(&calls, 201, false))
+		require.ErrorIs(t, err, idempotency.ErrInFlight)
+		free()
+		require.NoError(t, <-done)
+		require.Zero(t, f.things(t), "a retry in flight must not write")
 	})
-	require.ErrorIs(t, err, idempotency.ErrInFlight)
-	close(release)
-	require.NoError(t, <-done)
 }
 
 func TestCleanerExpiresOldKeys(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	store, db := newStore(t, 0)
+	f := newFixture(t, 0)
 	var calls atomic.Int32
 	for _, k := range []string{"old", "new"} {
-		_, _, err := store.Do(ctx, request(k, "a"), respond(&calls, 201))
+		_, _, err := f.store.DoWrites(ctx, request(k, "a"), insert(&calls, 201, false))
 		require.NoError(t, err)
 	}
-	_, err := db.Pool.Exec(ctx, `UPDATE idempotency_keys SET created_at = now() - interval '2 days' WHERE key = 'old'`)
+	_, err := f.db.Pool.Exec(ctx, `UPDATE idempotency_keys SET created_at = now() - interval '2 days' WHERE key = 'old'`)
 	require.NoError(t, err)
-	n, err := idempotency.NewCleaner(db.Pool, 24*time.Hour, 0, nil).Clean(ctx)
+	n, err := idempotency.NewCleaner(f.db.Pool, 24*time.Hour, 0, nil).Clean(ctx)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
-	_, replayed, err := store.Do(ctx, request("new", "a"), respond(&calls, 201))
+	_, replayed, err := f.store.DoWrites(ctx, request("new", "a"), insert(&calls, 201, false))
 	require.NoError(t, err)
 	require.True(t, replayed, "the recent key is kept")
 }

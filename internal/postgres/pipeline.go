@@ -101,7 +101,7 @@ func (p *Pipeline) results(br pgx.BatchResults, n int) error {
 		}
 		if err != nil {
 			_ = br.Close()
-			return fmt.Errorf("%s: %w", queryName(q.SQL), err)
+			return &QueryError{Query: queryName(q.SQL), Err: err}
 		}
 	}
 	return nil
@@ -191,6 +191,15 @@ func (r batchRow) Scan(dest ...any) error {
 	}
 	return err
 }
+
+// QueryError is the failure of a statement sent in a Pipeline.
+type QueryError struct {
+	Query string // sqlc's name of the query, or the start of the statement
+	Err   error
+}
+
+func (e *QueryError) Error() string { return e.Query + ": " + e.Err.Error() }
+func (e *QueryError) Unwrap() error { return e.Err }
 
 // queryName is the name sqlc gives a query in its first line
 // ("-- name: DebitWallets :execrows"), or the start of the statement.

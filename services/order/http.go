@@ -108,10 +108,12 @@ func (s *Service) place(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return httpapi.Idempotent(c, s.idem, body, func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (int, any, error) {
-		// Inside the key's transaction: a retry of an order already placed
-		// is replayed however busy the saga is, and a refusal rolls the
-		// key back, so that the client's retry with it can still succeed.
+	// Nothing is read: the key's claim, the order and the COMMIT take one
+	// round trip.
+	return httpapi.IdempotentWrites(c, s.idem, body, func(ctx context.Context, writes *postgres.Pipeline) (int, any, error) {
+		// Under the key: a retry of an order already placed is replayed
+		// however busy the saga is, and a refusal claims no key, so that
+		// the client's retry with it can still succeed.
 		if err := s.admission.admit(); err != nil {
 			return 0, nil, err
 		}
@@ -145,9 +147,7 @@ func (s *Service) place(c echo.Context) error {
 			items[i] = Item{SKU: l.SKU, Quantity: l.Quantity, UnitPriceCents: l.UnitPriceCents}
 		}
 		// The event in the outbox and the order, its lines and the
-		// OrderPlaced timeline entry in one statement, both queued to go
-		// with the stored response and the COMMIT: POST /orders is two
-		// round trips, the claim of its key and this.
+		// OrderPlaced timeline entry in one statement.
 		if err := outbox.Queue(ctx, writes, ev); err != nil {
 			return 0, nil, err
 		}

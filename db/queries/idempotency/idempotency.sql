@@ -11,6 +11,16 @@ FROM (SELECT set_config('lock_timeout', @lock_timeout::text, true)) AS bound
 ON CONFLICT DO NOTHING
 RETURNING created_at;
 
+-- name: ClaimNewKey :exec
+-- Claims a key expected to be new, ahead of the request's writes, its
+-- stored response and the commit, all in one round trip: it fails with
+-- unique_violation when the key was claimed and committed before, which
+-- aborts the statements behind it, and with lock_not_available after
+-- waiting @lock_timeout for a request in flight with the same key.
+INSERT INTO idempotency_keys (scope, key, fingerprint)
+SELECT @scope, @key, @fingerprint
+FROM (SELECT set_config('lock_timeout', @lock_timeout::text, true)) AS bound;
+
 -- name: GetKey :one
 SELECT fingerprint, status_code, response_headers, response_body
 FROM idempotency_keys

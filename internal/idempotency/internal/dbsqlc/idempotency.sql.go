@@ -45,6 +45,34 @@ func (q *Queries) ClaimKey(ctx context.Context, db DBTX, arg ClaimKeyParams) (ti
 	return created_at, err
 }
 
+const claimNewKey = `-- name: ClaimNewKey :exec
+INSERT INTO idempotency_keys (scope, key, fingerprint)
+SELECT $1, $2, $3
+FROM (SELECT set_config('lock_timeout', $4::text, true)) AS bound
+`
+
+type ClaimNewKeyParams struct {
+	Scope       string
+	Key         string
+	Fingerprint []byte
+	LockTimeout string
+}
+
+// Claims a key expected to be new, ahead of the request's writes, its
+// stored response and the commit, all in one round trip: it fails with
+// unique_violation when the key was claimed and committed before, which
+// aborts the statements behind it, and with lock_not_available after
+// waiting @lock_timeout for a request in flight with the same key.
+func (q *Queries) ClaimNewKey(ctx context.Context, db DBTX, arg ClaimNewKeyParams) error {
+	_, err := db.Exec(ctx, claimNewKey,
+		arg.Scope,
+		arg.Key,
+		arg.Fingerprint,
+		arg.LockTimeout,
+	)
+	return err
+}
+
 const completeKey = `-- name: CompleteKey :exec
 UPDATE idempotency_keys
 SET status_code = $1, response_headers = $2, response_body = $3, completed_at = now()
