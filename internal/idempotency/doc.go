@@ -7,4 +7,11 @@
 // waits for it on the key's row lock (up to a bound, then it is told to try
 // again). If the first request fails, nothing was stored and a retry runs
 // afresh. Keys are deleted after a retention period.
+//
+// Store.Do claims the key first, then runs the write, which may read (one
+// round trip for BEGIN and the claim, one for the queued writes, the stored
+// response and COMMIT). Store.DoWrites is for a write that reads nothing:
+// it sends the claim with the writes, the response and the commit in one
+// round trip, on the bet that the key is new, and goes the Do way when the
+// claim finds the key used before.
 package idempotency
