@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
@@ -119,4 +120,21 @@ func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[str
 	}
 	t.Fatalf("no %s%v", name, labels)
 	return 0
+}
+
+// A 500 is logged as an error; a refusal with a Retry-After (shedding load)
+// is not, however many there are.
+func TestErrorHandlerLogsFailuresNotRefusals(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	e := httpapi.New(slog.New(slog.NewTextHandler(&logs, nil)))
+	e.GET("/boom", func(echo.Context) error { return errors.New("boom") })
+	e.GET("/busy", func(echo.Context) error { return httpapi.Unavailable(time.Second, "too busy") })
+	for path, status := range map[string]int{"/busy": http.StatusServiceUnavailable, "/boom": http.StatusInternalServerError} {
+		rr := httptest.NewRecorder()
+		e.ServeHTTP(rr, httptest.NewRequest(http.MethodGet, path, nil))
+		require.Equal(t, status, rr.Code, path)
+	}
+	require.Contains(t, logs.String(), "level=ERROR msg=\"request failed\" method=GET path=/boom")
+	require.NotContains(t, logs.String(), "/busy")
 }

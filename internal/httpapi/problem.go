@@ -58,7 +58,11 @@ func Unavailable(retryAfter time.Duration, format string, args ...any) *Problem 
 
 // ErrorHandler maps every error a handler returns to a problem response.
 // Problems and echo's own HTTP errors keep their status; anything else is a
-// 500 with no detail, logged here and nowhere else.
+// 500 with no detail, logged here and nowhere else. A 5xx is logged as an
+// error, except a refusal with a Retry-After (Unavailable): shedding load
+// is the service working as meant, its metrics count it, and an error line
+// per refused request would flood the logs just when the service is
+// busiest.
 func ErrorHandler(logger *slog.Logger) echo.HTTPErrorHandler {
 	return func(err error, c echo.Context) {
 		if c.Response().Committed {
@@ -66,7 +70,11 @@ func ErrorHandler(logger *slog.Logger) echo.HTTPErrorHandler {
 		}
 		p := toProblem(err)
 		if p.Status >= http.StatusInternalServerError {
-			logger.ErrorContext(c.Request().Context(), "request failed",
+			level := slog.LevelError
+			if p.RetryAfter > 0 {
+				level = slog.LevelDebug
+			}
+			logger.Log(c.Request().Context(), level, "request failed",
 				"method", c.Request().Method, "path", c.Path(), "err", err)
 		}
 		c.Response().Header().Set(echo.HeaderContentType, ContentTypeProblem)
