@@ -154,36 +154,36 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.unlock(lead)
 		}
 	}()
-	flush := func(op sleepOp) (sent int, locked bool, err error) {
+	flush := func(op sleepOp) (sent int, asleep, locked bool, err error) {
 		if lead == nil {
 			if lead, err = r.lead(ctx); lead == nil {
-				return 0, false, err
+				return 0, false, false, err
 			}
 		}
-		if sent, err = r.relay(ctx, lead, op); err != nil && !errors.Is(err, errCommitting) {
+		sent, asleep, err = r.relay(ctx, lead, op, l.listening())
+		if err != nil && !errors.Is(err, errCommitting) {
 			r.unlock(lead) // and the sleep lock with it
 			lead = nil
 		}
-		return sent, true, err
+		return sent, asleep, true, err
 	}
-	// The sleep lock is taken and released in the round trip of a claim:
-	// a relay that sleeps costs one round trip to go to sleep and none of
-	// its own to wake up.
+	// The sleep lock is taken and released in the round trips of claims: a
+	// relay that wakes up for a batch releases it with its first claim and
+	// takes it again with the claim that carries the batch's mark.
 	op := stayAwake
 	pause := minBusyPause
 	for {
-		sent, locked, err := flush(op)
+		sent, asleep, locked, err := flush(op)
 		switch {
 		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, errCommitting):
 			// Producers are committing and will not notify: look again
 			// shortly, later each time in a row this happens (a long
-			// transaction must not make the relay spin), with a claim of
-			// its own, since the claim behind the failed lock did not run.
+			// transaction must not make the relay spin).
 			l.wait(ctx, pause, true)
 			pause = min(2*pause, maxBusyPause, r.cfg.PollInterval)
-			op = stayAwake
+			op = goToSleep
 		case err != nil:
 			// Pause for a whole interval instead of trying again at the
 			// next commit: a broker or database that fails is not helped
@@ -197,14 +197,12 @@ func (r *Relay) Run(ctx context.Context) error {
 			// works, so only the poll notices when it is gone.
 			l.wait(ctx, r.cfg.PollInterval, true)
 			op = stayAwake
-		case op == goToSleep:
-			// Asleep: commits notify from now on, and the flush saw the
-			// rows of those that held the lock before. The next flush
-			// releases the lock with its first claim.
+		case asleep:
+			// Commits notify from now on, and the claim that took the
+			// lock saw the rows of those that held it before. The next
+			// flush releases the lock with its first claim.
 			pause = minBusyPause
-			if sent == 0 {
-				l.wait(ctx, r.cfg.PollInterval, true)
-			}
+			l.wait(ctx, r.cfg.PollInterval, true)
 			op = wakeUp
 		case !l.listening():
 			// No session to be notified on: poll until there is one.
@@ -226,18 +224,18 @@ type sleepOp int
 
 const (
 	stayAwake sleepOp = iota
-	// goToSleep takes the sleep lock ahead of the claim, which then sees
-	// every row committed without a notification. While commits in
-	// progress hold the lock shared the flush claims nothing and returns
-	// errCommitting.
+	// goToSleep takes the sleep lock ahead of the claim (and the marks),
+	// which then sees every row committed without a notification. While
+	// commits in progress hold the lock shared, neither runs.
 	goToSleep
 	// wakeUp releases the sleep lock: commits stop notifying while the
 	// relay works.
 	wakeUp
 )
 
-// errCommitting is a flush's answer when it could not take the sleep lock
-// because producers are committing; it is no failure.
+// errCommitting is a flush's answer when it found nothing more to publish
+// but could not take the sleep lock because producers are committing; it
+// is no failure.
 var errCommitting = errors.New("outbox commits in progress")
 
 // Flush relays every row that is unsent when it is called: it publishes batch
@@ -257,7 +255,7 @@ func (r *Relay) flush(ctx context.Context) (sent int, locked bool, err error) {
 		return 0, false, err
 	}
 	defer r.unlock(conn)
-	sent, err = r.relay(ctx, conn, stayAwake)
+	sent, _, err = r.relay(ctx, conn, stayAwake, false)
 	return sent, true, err
 }
 
@@ -318,7 +316,9 @@ type batch struct {
 // the order they were claimed, on conn, whose session holds the relay lock.
 // It returns how many rows it marked sent, once a claim found nothing more
 // to publish (or ctx is done, or an error cut it short). Its first claim
-// carries op.
+// carries op. With rest set, the claim that carries the last mark and is
+// expected to find nothing also takes the sleep lock; relay reports
+// whether the session holds the lock when it returns (asleep).
 //
 // Up to pipelineDepth batches are claimed and not yet marked at a time, and
 // a goroutine of the flush publishes them, in order: while the database marks
@@ -327,7 +327,7 @@ type batch struct {
 // next claim, in one round trip: under load a batch costs one round trip,
 // and when the outbox runs dry the claim that finds nothing carries the last
 // mark.
-func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn, op sleepOp) (int, error) {
+func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn, op sleepOp, rest bool) (total int, asleep bool, err error) {
 	// Batches in flight are finished even when ctx is canceled: their
 	// messages may already be in the stream and should be marked sent.
 	work := context.WithoutCancel(ctx)
@@ -341,23 +341,32 @@ func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn, op sleepOp) (int,
 
 	var (
 		inFlight []*batch
-		marks    marks // of the batches settled since the last round trip
-		total    int
+		marks    marks  // of the batches settled since the last round trip
 		more     = true // unsent rows may lie beyond the last claim
 		claimErr error
+		busy     bool // the sleep lock could not be had: commits in progress
 	)
-	switch op { // queued: the error is the first claim's
-	case goToSleep:
-		_ = r.queries.TakeSleepLock(work, &marks.p, sleepLockKey)
-	case wakeUp:
-		_ = r.queries.ReleaseSleepLock(work, &marks.p, sleepLockKey)
-	}
+	asleep = op == wakeUp
+	first := true
 	for {
 		for (more || marks.queued()) && claimErr == nil && len(inFlight) < pipelineDepth && ctx.Err() == nil {
-			rows, err := r.claim(work, conn, inFlight, &marks)
+			lock := stayAwake
+			switch {
+			case asleep:
+				lock = wakeUp
+			case first && op == goToSleep, rest && !more && len(inFlight) == 0 && !busy:
+				lock = goToSleep
+			}
+			first = false
+			rows, err := r.claim(work, conn, inFlight, &marks, lock)
+			if lock == goToSleep && isLockNotAvailable(err) {
+				// Nothing ran, the marks neither: claim without the lock.
+				busy = true
+				continue
+			}
 			total += r.marked(&marks, err)
-			if op == goToSleep && len(inFlight) == 0 && isLockNotAvailable(err) {
-				return 0, errCommitting // the first claim: nothing in flight
+			if err == nil && lock != stayAwake {
+				asleep = lock == goToSleep
 			}
 			if err != nil {
 				// Finish what is in flight first: the connection may
@@ -392,7 +401,7 @@ func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn, op sleepOp) (int,
 				r.abandon(later, err)
 			}
 			n, merr := r.sendMarks(work, conn, &marks)
-			return total + n, cmp.Or(merr, err)
+			return total + n, asleep, cmp.Or(merr, err)
 		}
 	}
 	// No claim carried the last marks: ctx is done, or a claim failed.
@@ -400,37 +409,52 @@ func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn, op sleepOp) (int,
 	total += n
 	switch {
 	case err != nil:
-		return total, err
+		return total, asleep, err
 	case claimErr != nil:
-		return total, r.failed(claimErr)
+		return total, asleep, r.failed(claimErr)
 	case more:
-		return total, ctx.Err() // stopped early by ctx
+		return total, asleep, ctx.Err() // stopped early by ctx
+	case busy && !asleep:
+		return total, false, errCommitting
 	}
-	return total, nil
+	return total, asleep, nil
 }
 
 // marks are the marks of settled batches, queued to go to the database with
 // the next statement on the relay's connection.
 type marks struct {
-	p       postgres.Pipeline
 	batches []settled
 }
 
 // settled is a batch whose acks are in: its first acked rows are to be
 // marked sent, and err cut it short.
 type settled struct {
+	ids   []int64 // of the acked rows, ascending
 	acked int
 	err   error
 }
 
 // queueMark queues on m the mark of b's first acked rows.
 func (r *Relay) queueMark(m *marks, b *batch, acked int, err error) {
-	if acked > 0 {
-		ids := appendIDs(make([]int64, 0, acked), b.rows[:acked])
-		// Queued: the error is Send's or Then's.
-		_ = r.queries.MarkSent(context.Background(), &m.p, dbsqlc.MarkSentParams{FirstID: ids[0], LastID: ids[len(ids)-1], Ids: ids})
+	m.batches = append(m.batches, settled{ids: appendIDs(make([]int64, 0, acked), b.rows[:acked]), acked: acked, err: err})
+}
+
+// pipeline returns the queued marks as statements, after lock's.
+func (r *Relay) pipeline(m *marks, lock sleepOp) *postgres.Pipeline {
+	var p postgres.Pipeline
+	// Queued: the errors are Send's or Then's.
+	switch lock {
+	case goToSleep:
+		_ = r.queries.TakeSleepLock(context.Background(), &p, sleepLockKey)
+	case wakeUp:
+		_ = r.queries.ReleaseSleepLock(context.Background(), &p, sleepLockKey)
 	}
-	m.batches = append(m.batches, settled{acked: acked, err: err})
+	for _, b := range m.batches {
+		if len(b.ids) > 0 {
+			_ = r.queries.MarkSent(context.Background(), &p, dbsqlc.MarkSentParams{FirstID: b.ids[0], LastID: b.ids[len(b.ids)-1], Ids: b.ids})
+		}
+	}
+	return &p
 }
 
 func appendIDs(ids []int64, rows []dbsqlc.ClaimUnsentRow) []int64 {
@@ -469,7 +493,7 @@ func (r *Relay) sendMarks(ctx context.Context, conn *pgxpool.Conn, m *marks) (in
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.dbTimeout())
 	defer cancel()
-	err := m.p.Send(ctx, conn)
+	err := r.pipeline(m, stayAwake).Send(ctx, conn)
 	n := r.marked(m, err)
 	if err != nil {
 		return n, fmt.Errorf("mark outbox rows sent: %w", err)
@@ -478,9 +502,9 @@ func (r *Relay) sendMarks(ctx context.Context, conn *pgxpool.Conn, m *marks) (in
 }
 
 // claim returns the next batch of unsent rows in id order, leaving out the
-// rows of the batches in flight; the queued marks go with it. Each row tells
-// whether more unsent rows lie beyond the batch.
-func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn, inFlight []*batch, m *marks) ([]dbsqlc.ClaimUnsentRow, error) {
+// rows of the batches in flight; lock's statement and the queued marks go
+// ahead of it. Each row tells whether more unsent rows lie beyond the batch.
+func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn, inFlight []*batch, m *marks, lock sleepOp) ([]dbsqlc.ClaimUnsentRow, error) {
 	n := 0
 	for _, b := range inFlight {
 		n += len(b.rows)
@@ -491,7 +515,7 @@ func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn, inFlight []*batch
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.dbTimeout())
 	defer cancel()
-	rows, err := r.queries.ClaimUnsent(ctx, m.p.Then(conn), dbsqlc.ClaimUnsentParams{InFlight: ids, BatchSize: int64(r.cfg.BatchSize)})
+	rows, err := r.queries.ClaimUnsent(ctx, r.pipeline(m, lock).Then(conn), dbsqlc.ClaimUnsentParams{InFlight: ids, BatchSize: int64(r.cfg.BatchSize)})
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox rows: %w", err)
 	}

@@ -558,10 +558,11 @@ func TestFlushSendsEachMarkWithTheNextClaim(t *testing.T) {
 }
 
 // A relay takes its sleep lock in the round trip of the claim that must
-// follow it, and releases it with the first claim after the wake-up: a
-// commit noticed by a sleeping relay costs it three round trips (release and
-// claim, mark and the claim that finds nothing, sleep and claim) where
-// separate lock statements made it five.
+// follow it, and releases it with the first claim after the wake-up; after
+// a batch, the lock goes with the claim that carries the batch's mark. A
+// commit noticed by a sleeping relay costs it two round trips (release and
+// claim; sleep, mark and claim) where separate lock statements, marks and
+// claims made it five.
 func TestSleepAndWakeGoWithClaims(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
@@ -570,24 +571,76 @@ func TestSleepAndWakeGoWithClaims(t *testing.T) {
 	// Polling alone would take a minute.
 	run(t, outbox.NewRelay(pool, f.js, outbox.RelayConfig{PollInterval: time.Minute}, f.logger))
 
-	sleepAndClaim := []string{"TakeSleepLock", "ClaimUnsent"}
-	asleepAfter := func(n int) int { // the trips once the relay sleeps, past the first n
-		var got [][]string
-		require.Eventually(t, func() bool {
-			got = trips.names()
-			return len(got) > n && slices.Equal(got[len(got)-1], sleepAndClaim)
-		}, 5*time.Second, time.Millisecond, "the relay did not go to sleep")
-		return len(got)
-	}
-	n := asleepAfter(0)
+	n := awaitSleep(t, f.db, trips, 0)
 	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 1))
 	awaitMsgs(t, f.js, streams.Orders, 1, 5*time.Second)
-	asleepAfter(n)
+	awaitSleep(t, f.db, trips, n)
 	require.Equal(t, [][]string{
 		{"ReleaseSleepLock", "ClaimUnsent"},
+		{"TakeSleepLock", "MarkSent", "ClaimUnsent"},
+	}, trips.names()[n:n+2], "all: %v", trips.names())
+}
+
+// While a producer's transaction holds the sleep lock shared, a relay that
+// wants to sleep cannot: the claim that carries its last mark fails with the
+// lock, and the mark goes again with a claim of its own.
+func TestMarkIsSentAgainWhenTheSleepLockCannotBeHad(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := setup(t)
+	f.provision(t, 0)
+	pool, trips := tracedPool(t, f)
+	run(t, outbox.NewRelay(pool, f.js, outbox.RelayConfig{PollInterval: time.Minute}, f.logger))
+	n := awaitSleep(t, f.db, trips, 0)
+
+	// A producer in the middle of its transaction, as the outbox trigger
+	// leaves it: it gets the lock shared once the relay wakes up.
+	held, err := f.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = held.Rollback(ctx) }()
+	locked := make(chan error, 1)
+	go func() {
+		_, err := held.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1)", outbox.SleepLockKey)
+		locked <- err
+	}()
+	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 1))
+	require.NoError(t, <-locked)
+	awaitMsgs(t, f.js, streams.Orders, 1, 5*time.Second)
+	require.Eventually(t, func() bool {
+		var unsent int
+		require.NoError(t, f.db.Pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE sent_at IS NULL").Scan(&unsent))
+		return unsent == 0
+	}, 5*time.Second, time.Millisecond, "the published row was not marked sent")
+	require.Equal(t, [][]string{
+		{"ReleaseSleepLock", "ClaimUnsent"},
+		{"TakeSleepLock", "MarkSent", "ClaimUnsent"}, // fails: the producer holds the lock
 		{"MarkSent", "ClaimUnsent"},
-		sleepAndClaim,
-	}, trips.names()[n:])
+	}, trips.names()[n:n+3])
+
+	require.NoError(t, held.Rollback(ctx))
+	awaitSleep(t, f.db, trips, n+3)
+}
+
+// awaitSleep waits until the relay whose round trips are trips went to sleep
+// after its first n round trips (its last round trip took the sleep lock,
+// which a session of db's database holds), and returns how many it made.
+func awaitSleep(t *testing.T, db *testenv.Database, trips *roundTrips, n int) int {
+	t.Helper()
+	var got [][]string
+	require.Eventually(t, func() bool {
+		got = trips.names()
+		if len(got) <= n || got[len(got)-1][0] != "TakeSleepLock" {
+			return false
+		}
+		var held bool
+		require.NoError(t, db.Pool.QueryRow(t.Context(), `
+			SELECT EXISTS (SELECT FROM pg_locks
+			WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted AND objsubid = 1
+			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			  AND (classid::bigint << 32 | objid::bigint) = $1)`, outbox.SleepLockKey).Scan(&held))
+		return held && len(trips.names()) == len(got)
+	}, 5*time.Second, time.Millisecond, "the relay did not go to sleep")
+	return len(got)
 }
 
 // tracedPool returns a pool of f's database whose round trips are recorded.
