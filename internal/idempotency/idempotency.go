@@ -165,6 +165,7 @@ func (s *Store) DoWrites(ctx context.Context, req Request, fn WritesFunc) (resp 
 	case err == nil:
 		return resp, false, nil
 	case !errors.As(err, &qe) || qe.Query != "ClaimNewKey":
+		// One of fn's writes failed (or the response's): nothing is stored.
 	case isLockTimeout(err):
 		return Response{}, false, ErrInFlight
 	case isUniqueViolation(err): // claimed before: replay it
