@@ -179,8 +179,12 @@ func (r *Relay) Run(ctx context.Context) error {
 			return nil
 		case errors.Is(err, errCommitting):
 			// Producers are committing and will not notify: look again
-			// shortly, later each time in a row this happens (a long
-			// transaction must not make the relay spin).
+			// shortly, later each time in a row this happens without
+			// anything to publish (a long transaction must not make the
+			// relay spin).
+			if sent > 0 {
+				pause = minBusyPause
+			}
 			l.wait(ctx, pause, true)
 			pause = min(2*pause, maxBusyPause, r.cfg.PollInterval)
 			op = goToSleep
