@@ -622,14 +622,16 @@ func TestMarkIsSentAgainWhenTheSleepLockCannotBeHad(t *testing.T) {
 }
 
 // awaitSleep waits until the relay whose round trips are trips went to sleep
-// after its first n round trips (its last round trip took the sleep lock,
-// which a session of db's database holds), and returns how many it made.
+// after its first n round trips (its last round trip, answered, took the
+// sleep lock, which a session of db's database holds), and returns how many
+// it made. The claim behind the lock must have run too: a commit between
+// the two would be claimed by a relay that sleeps.
 func awaitSleep(t *testing.T, db *testenv.Database, trips *roundTrips, n int) int {
 	t.Helper()
 	var got [][]string
 	require.Eventually(t, func() bool {
 		got = trips.names()
-		if len(got) <= n || got[len(got)-1][0] != "TakeSleepLock" {
+		if len(got) <= n || got[len(got)-1][0] != "TakeSleepLock" || !trips.settled() {
 			return false
 		}
 		var held bool
@@ -660,6 +662,7 @@ func tracedPool(t *testing.T, f *fixture) (*pgxpool.Pool, *roundTrips) {
 type roundTrips struct {
 	mu    sync.Mutex
 	trips [][]string
+	ended int // round trips whose answers are in
 }
 
 func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
@@ -667,7 +670,7 @@ func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.
 	return ctx
 }
 
-func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) { r.end() }
 
 func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
 	sqls := make([]string, len(data.Batch.QueuedQueries))
@@ -679,7 +682,20 @@ func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, data pgx.
 }
 
 func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     { r.end() }
+
+func (r *roundTrips) end() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ended++
+}
+
+// settled reports whether every round trip has its answers.
+func (r *roundTrips) settled() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ended == len(r.trips)
+}
 
 func (r *roundTrips) add(sqls ...string) {
 	names := make([]string, len(sqls))
