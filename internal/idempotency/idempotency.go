@@ -91,7 +91,7 @@ func (s *Store) Do(ctx context.Context, req Request, fn Func) (resp Response, re
 	tx, err := begin.Tx()
 	claimed := !errors.Is(claimErr, pgx.ErrNoRows) // no row: the key was claimed before
 	switch {
-	case isLockTimeout(claimErr):
+	case postgres.IsLockNotAvailable(claimErr):
 		return Response{}, false, ErrInFlight
 	case claimed && claimErr != nil:
 		return Response{}, false, fmt.Errorf("claim idempotency key: %w", claimErr)
@@ -166,7 +166,7 @@ func (s *Store) DoWrites(ctx context.Context, req Request, fn WritesFunc) (resp 
 		return resp, false, nil
 	case !errors.As(err, &qe) || qe.Query != "ClaimNewKey":
 		// One of fn's writes failed (or the response's): nothing is stored.
-	case isLockTimeout(err):
+	case postgres.IsLockNotAvailable(err):
 		return Response{}, false, ErrInFlight
 	case isUniqueViolation(err): // claimed before: replay it
 		return s.Do(ctx, req, claimFirst)
@@ -216,11 +216,6 @@ func (s *Store) stored(ctx context.Context, db dbsqlc.DBTX, req Request) (Respon
 		}
 	}
 	return resp, nil
-}
-
-func isLockTimeout(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
 }
 
 func isUniqueViolation(err error) bool {

@@ -71,17 +71,16 @@ func request(key, body string) idempotency.Request {
 }
 
 // insert queues a write of a thing (and, if fail, a statement that fails
-// after it), counts its calls and answers status.
-func insert(calls *atomic.Int32, status int, fail bool) idempotency.WritesFunc {
+// after it) and answers 201.
+func insert(fail bool) idempotency.WritesFunc {
 	return func(ctx context.Context, writes *postgres.Pipeline) (idempotency.Response, error) {
-		calls.Add(1)
 		if _, err := writes.Exec(ctx, "INSERT INTO things VALUES ('k')"); err != nil {
 			return idempotency.Response{}, err
 		}
 		if fail {
 			_, _ = writes.Exec(ctx, "SELECT 1/0")
 		}
-		return idempotency.Response{Status: status, Header: map[string]string{"X": "y"}, Body: []byte(`{"n":1}`)}, nil
+		return idempotency.Response{Status: 201, Header: map[string]string{"X": "y"}, Body: []byte(`{"n":1}`)}, nil
 	}
 }
 
@@ -90,18 +89,17 @@ func TestReplayMismatchAndFailure(t *testing.T) {
 	forEachWay(t, func(t *testing.T, do way) {
 		ctx := t.Context()
 		f := newFixture(t, 0)
-		var calls atomic.Int32
 
-		first, replayed, err := do(ctx, f.store, request("k1", "a"), insert(&calls, 201, false))
+		first, replayed, err := do(ctx, f.store, request("k1", "a"), insert(false))
 		require.NoError(t, err)
 		require.False(t, replayed)
-		again, replayed, err := do(ctx, f.store, request("k1", "a"), insert(&calls, 201, false))
+		again, replayed, err := do(ctx, f.store, request("k1", "a"), insert(false))
 		require.NoError(t, err)
 		require.True(t, replayed)
 		require.Equal(t, first, again)
 		require.Equal(t, 1, f.things(t), "a replay writes nothing")
 
-		_, _, err = do(ctx, f.store, request("k1", "b"), insert(&calls, 201, false))
+		_, _, err = do(ctx, f.store, request("k1", "b"), insert(false))
 		require.ErrorIs(t, err, idempotency.ErrMismatch)
 
 		// A failed write stores nothing: the retry runs afresh.
@@ -110,7 +108,7 @@ func TestReplayMismatchAndFailure(t *testing.T) {
 			return idempotency.Response{}, boom
 		})
 		require.ErrorIs(t, err, boom)
-		_, replayed, err = do(ctx, f.store, request("k2", "a"), insert(&calls, 201, false))
+		_, replayed, err = do(ctx, f.store, request("k2", "a"), insert(false))
 		require.NoError(t, err)
 		require.False(t, replayed)
 		require.Equal(t, 2, f.things(t))
@@ -124,8 +122,7 @@ func TestRetryIsReplayedEvenWhenTheWriteWouldRefuse(t *testing.T) {
 	forEachWay(t, func(t *testing.T, do way) {
 		ctx := t.Context()
 		f := newFixture(t, 0)
-		var calls atomic.Int32
-		first, _, err := do(ctx, f.store, request("k", "a"), insert(&calls, 201, false))
+		first, _, err := do(ctx, f.store, request("k", "a"), insert(false))
 		require.NoError(t, err)
 		again, replayed, err := do(ctx, f.store, request("k", "a"), func(context.Context, *postgres.Pipeline) (idempotency.Response, error) {
 			return idempotency.Response{}, errors.New("overloaded")
@@ -144,20 +141,19 @@ func TestQueuedWritesCommitWithTheResponse(t *testing.T) {
 	forEachWay(t, func(t *testing.T, do way) {
 		ctx := t.Context()
 		f := newFixture(t, 0)
-		var calls atomic.Int32
 
-		_, _, err := do(ctx, f.store, request("k", "a"), insert(&calls, 201, true))
+		_, _, err := do(ctx, f.store, request("k", "a"), insert(true))
 		var pgErr *pgconn.PgError
 		require.ErrorAs(t, err, &pgErr)
 		require.Equal(t, "22012", pgErr.Code, "division by zero")
 		require.Zero(t, f.things(t), "a failed queued write rolls back the writes queued before it")
 
-		_, replayed, err := do(ctx, f.store, request("k", "a"), insert(&calls, 201, false))
+		_, replayed, err := do(ctx, f.store, request("k", "a"), insert(false))
 		require.NoError(t, err)
 		require.False(t, replayed, "the failed request stored no response")
 		require.Equal(t, 1, f.things(t))
 
-		_, replayed, err = do(ctx, f.store, request("k", "a"), insert(&calls, 201, false))
+		_, replayed, err = do(ctx, f.store, request("k", "a"), insert(false))
 		require.NoError(t, err)
 		require.True(t, replayed)
 		require.Equal(t, 1, f.things(t), "a replay writes nothing")
@@ -170,14 +166,13 @@ func TestConcurrentRequestsWithOneKeyWriteOnce(t *testing.T) {
 	t.Parallel()
 	forEachWay(t, func(t *testing.T, do way) {
 		f := newFixture(t, 10*time.Second)
-		var calls atomic.Int32
 		var wg sync.WaitGroup
 		replays := atomic.Int32{}
 		for range 20 {
 			wg.Go(func() {
 				_, replayed, err := do(t.Context(), f.store, request("same", "a"), func(ctx context.Context, writes *postgres.Pipeline) (idempotency.Response, error) {
 					time.Sleep(50 * time.Millisecond) // let the others arrive
-					return insert(&calls, 201, false)(ctx, writes)
+					return insert(false)(ctx, writes)
 				})
 				require.NoError(t, err)
 				if replayed {
@@ -213,8 +208,7 @@ func TestRetryWhileInFlightIsRefusedAfterTheWait(t *testing.T) {
 			done <- err
 		}()
 		<-holding
-		var calls atomic.Int32
-		_, _, err := do(ctx, f.store, request("slow", "a"), insert(&calls, 201, false))
+		_, _, err := do(ctx, f.store, request("slow", "a"), insert(false))
 		require.ErrorIs(t, err, idempotency.ErrInFlight)
 		free()
 		require.NoError(t, <-done)
@@ -226,9 +220,8 @@ func TestCleanerExpiresOldKeys(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	f := newFixture(t, 0)
-	var calls atomic.Int32
 	for _, k := range []string{"old", "new"} {
-		_, _, err := f.store.DoWrites(ctx, request(k, "a"), insert(&calls, 201, false))
+		_, _, err := f.store.DoWrites(ctx, request(k, "a"), insert(false))
 		require.NoError(t, err)
 	}
 	_, err := f.db.Pool.Exec(ctx, `UPDATE idempotency_keys SET created_at = now() - interval '2 days' WHERE key = 'old'`)
@@ -236,7 +229,7 @@ func TestCleanerExpiresOldKeys(t *testing.T) {
 	n, err := idempotency.NewCleaner(f.db.Pool, 24*time.Hour, 0, nil).Clean(ctx)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
-	_, replayed, err := f.store.DoWrites(ctx, request("new", "a"), insert(&calls, 201, false))
+	_, replayed, err := f.store.DoWrites(ctx, request("new", "a"), insert(false))
 	require.NoError(t, err)
 	require.True(t, replayed, "the recent key is kept")
 }

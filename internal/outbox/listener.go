@@ -16,11 +16,6 @@ const (
 	// listenApplicationName names the relay's LISTEN session in
 	// pg_stat_activity.
 	listenApplicationName = "onceflow-outbox-relay"
-	// sleepLockKey is the advisory lock a relay holds while it sleeps, on
-	// the session that holds the relay lock: the outbox trigger notifies
-	// only when it cannot take it shared (see the platform migrations that
-	// define the trigger and outbox_sleep). "outbox_w" in ASCII.
-	sleepLockKey int64 = 0x6f7574626f785f77
 
 	connectTimeout = 10 * time.Second
 	closeTimeout   = 5 * time.Second

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -26,6 +25,12 @@ import (
 // key of goose's migration lock, the other advisory lock on a service
 // database.
 const DefaultLockKey int64 = 0x6f7574626f78
+
+// sleepLockKey is the advisory lock a relay holds while it sleeps, on the
+// session that holds the relay lock: the outbox trigger notifies only when
+// it cannot take it shared (see the platform migrations that define the
+// trigger and outbox_sleep). "outbox_w" in ASCII.
+const sleepLockKey int64 = 0x6f7574626f785f77
 
 // The pause of a relay that found nothing to publish while commits were in
 // progress doubles from the first to the last.
@@ -363,7 +368,7 @@ func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn, op sleepOp, rest 
 			}
 			first = false
 			rows, err := r.claim(work, conn, inFlight, &marks, lock)
-			if lock == goToSleep && isLockNotAvailable(err) {
+			if lock == goToSleep && postgres.IsLockNotAvailable(err) {
 				// Nothing ran, the marks neither: claim without the lock.
 				busy = true
 				continue
@@ -426,21 +431,18 @@ func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn, op sleepOp, rest 
 
 // marks are the marks of settled batches, queued to go to the database with
 // the next statement on the relay's connection.
-type marks struct {
-	batches []settled
-}
+type marks []settled
 
-// settled is a batch whose acks are in: its first acked rows are to be
-// marked sent, and err cut it short.
+// settled is a batch whose acks are in: its acked rows are to be marked
+// sent, and err cut it short.
 type settled struct {
-	ids   []int64 // of the acked rows, ascending
-	acked int
-	err   error
+	ids []int64 // of the acked rows, the batch's first ones, ascending
+	err error
 }
 
 // queueMark queues on m the mark of b's first acked rows.
 func (r *Relay) queueMark(m *marks, b *batch, acked int, err error) {
-	m.batches = append(m.batches, settled{ids: appendIDs(make([]int64, 0, acked), b.rows[:acked]), acked: acked, err: err})
+	*m = append(*m, settled{ids: appendIDs(make([]int64, 0, acked), b.rows[:acked]), err: err})
 }
 
 // pipeline returns the queued marks as statements, after lock's.
@@ -453,7 +455,7 @@ func (r *Relay) pipeline(m *marks, lock sleepOp) *postgres.Pipeline {
 	case wakeUp:
 		_ = r.queries.ReleaseSleepLock(context.Background(), &p, sleepLockKey)
 	}
-	for _, b := range m.batches {
+	for _, b := range *m {
 		if len(b.ids) > 0 {
 			_ = r.queries.MarkSent(context.Background(), &p, dbsqlc.MarkSentParams{FirstID: b.ids[0], LastID: b.ids[len(b.ids)-1], Ids: b.ids})
 		}
@@ -468,7 +470,7 @@ func appendIDs(ids []int64, rows []dbsqlc.ClaimUnsentRow) []int64 {
 	return ids
 }
 
-func (m *marks) queued() bool { return len(m.batches) > 0 }
+func (m *marks) queued() bool { return len(*m) > 0 }
 
 // marked reports the outcome of the queued marks, which went with a statement
 // that returned err (a failure of either undoes both: they ran in one
@@ -476,16 +478,17 @@ func (m *marks) queued() bool { return len(m.batches) > 0 }
 // empty again.
 func (r *Relay) marked(m *marks, err error) int {
 	n := 0
-	for _, b := range m.batches {
+	for _, b := range *m {
+		acked := len(b.ids)
 		if err != nil {
-			b.acked, b.err = 0, fmt.Errorf("mark outbox rows sent: %w", err)
+			acked, b.err = 0, fmt.Errorf("mark outbox rows sent: %w", err)
 		}
-		n += b.acked
+		n += acked
 		if r.batchDone != nil {
-			r.batchDone(b.acked, b.err)
+			r.batchDone(acked, b.err)
 		}
 	}
-	*m = marks{}
+	*m = nil
 	return n
 }
 
@@ -685,10 +688,4 @@ func message(row dbsqlc.ClaimUnsentRow) (*nats.Msg, error) {
 	}
 	msg.Subject = row.NatsSubject
 	return msg, nil
-}
-
-// isLockNotAvailable reports whether err is PostgreSQL's lock_not_available.
-func isLockNotAvailable(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }

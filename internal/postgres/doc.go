@@ -8,8 +8,10 @@
 //
 // The helpers are sqlc DBTXs, so that queries still go through the
 // generated code: BeginWith sends a transaction's BEGIN with its first
-// statement (and its COMMIT with the writes queued for it), Pipeline sends statements that need no answer from each other
-// in one round trip (with Then, ahead of the next statement, which may
-// answer), and PlanEachCall has PostgreSQL plan each statement for
-// its arguments (a set-based batch's arrays).
+// statement (and its COMMIT with the writes queued for it), Pipeline sends
+// statements that need no answer from each other in one round trip (with
+// Then, ahead of the next statement, which may answer; a failure is a
+// QueryError that names the statement), and PlanEachCall has PostgreSQL
+// plan each statement for its arguments (a set-based batch's arrays).
+// IsLockNotAvailable recognises a lock_timeout that ran out.
 package postgres

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -113,4 +114,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema Schema, logger *slo
 		}
 	}
 	return nil
+}
+
+// IsLockNotAvailable reports whether err is PostgreSQL's lock_not_available
+// (55P03): a lock_timeout ran out, or a lock that is only tried was held.
+func IsLockNotAvailable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
