@@ -42,12 +42,7 @@ func EachMode(t *testing.T, name string, f func(t *testing.T, mode func(*app.Con
 // InTx runs f in a transaction and commits it.
 func InTx(t *testing.T, pool *pgxpool.Pool, f func(context.Context, pgx.Tx) error) {
 	t.Helper()
-	ctx := t.Context()
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	require.NoError(t, f(ctx, tx))
-	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, tryTx(t.Context(), pool, f))
 }
 
 // Rows returns every row of query, for comparing two databases.
@@ -78,16 +73,35 @@ func RandomBatches(rng *rand.Rand, evs []event.Envelope) [][]event.Envelope {
 }
 
 // ApplyBothForms applies the events of batches one by one with perEvent on
-// ref, and batch by batch with batch on set, one transaction each: the two
-// forms of a handler, whose databases the caller then compares.
-func ApplyBothForms(t *testing.T, ref, set *pgxpool.Pool, batches [][]event.Envelope, perEvent inbox.Handler, batch inbox.BatchHandler) {
+// ref, one transaction each, and batch by batch on set, as the inbox does:
+// with batch in one transaction, and when it fails, rolled back and applied
+// again with perEvent in a new one. The caller then compares the databases.
+// It returns how many batches fell back to perEvent.
+func ApplyBothForms(t *testing.T, ref, set *pgxpool.Pool, batches [][]event.Envelope, perEvent inbox.Handler, batch inbox.BatchHandler) (fellBack int) {
 	t.Helper()
 	for _, evs := range batches {
 		for _, ev := range evs {
 			InTx(t, ref, func(ctx context.Context, tx pgx.Tx) error { return perEvent(ctx, tx, ev) })
 		}
-		InTx(t, set, func(ctx context.Context, tx pgx.Tx) error { return ApplyBatch(ctx, tx, batch, evs) })
+		if err := tryTx(t.Context(), set, func(ctx context.Context, tx pgx.Tx) error { return ApplyBatch(ctx, tx, batch, evs) }); err != nil {
+			fellBack++
+			InTx(t, set, func(ctx context.Context, tx pgx.Tx) error {
+				for _, ev := range evs {
+					if err := perEvent(ctx, tx, ev); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		}
 	}
+	return fellBack
+}
+
+// tryTx runs f in a transaction and commits it, or rolls it back and
+// returns the error.
+func tryTx(ctx context.Context, pool *pgxpool.Pool, f func(context.Context, pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return f(ctx, tx) })
 }
 
 // ApplyBatch runs batch for evs on tx and sends the writes it queued, as the
@@ -109,4 +123,24 @@ func RequireSameRows(t *testing.T, ref, set *pgxpool.Pool, queries ...string) {
 		require.NotEmpty(t, want, q)
 		require.Equal(t, want, Rows(t, set, q), q)
 	}
+}
+
+// Repeating counts the batches that carry an event about the subject (the
+// order) of an event in an earlier batch.
+func Repeating(batches [][]event.Envelope) int {
+	var n int
+	seen := make(map[string]bool)
+	for _, evs := range batches {
+		repeats := false
+		for _, ev := range evs {
+			repeats = repeats || seen[ev.Subject]
+		}
+		for _, ev := range evs {
+			seen[ev.Subject] = true
+		}
+		if repeats {
+			n++
+		}
+	}
+	return n
 }

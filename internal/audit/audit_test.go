@@ -159,6 +159,17 @@ func TestAudit(t *testing.T) {
 			violation: fmt.Sprintf("order %s: reserved 4 apple, ordered 3 apple", s.confirmed),
 		},
 		{
+			name: "reservation lines without a reservation",
+			corrupt: func(t *testing.T) func() {
+				s.exec(t, "inventory", `INSERT INTO reservation_lines (order_id, sku, quantity) VALUES ('00000000-0000-7000-8000-000000000004', 'apple', 2)`)
+				return func() {
+					s.exec(t, "inventory", `DELETE FROM reservation_lines WHERE order_id = '00000000-0000-7000-8000-000000000004'`)
+				}
+			},
+			want:      []string{audit.CheckReservations},
+			violation: "order 00000000-0000-7000-8000-000000000004: 2 apple reserved without a reservation",
+		},
+		{
 			name: "an outbox row left unsent",
 			corrupt: func(t *testing.T) func() {
 				// A row on a subject no stream takes cannot be published:

@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
 	"slices"
@@ -284,6 +285,9 @@ func (f facts) checkReservations() Check {
 				c.Violations = append(c.Violations, fmt.Sprintf("order %s: reserved %d of sku %q, which has no stock row", r.orderID, r.lines[sku], sku))
 			}
 		}
+	}
+	for _, id := range slices.SortedFunc(maps.Keys(f.snapshot.strayLines), func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) }) {
+		c.Violations = append(c.Violations, fmt.Sprintf("order %s: %s reserved without a reservation", id, formatLines(f.snapshot.strayLines[id])))
 	}
 	c.Figures = []Figure{
 		{"reservations by status", byStatus},

@@ -31,11 +31,14 @@ const (
 // database is read in one repeatable-read transaction, so the facts of one
 // database are consistent with each other.
 type snapshot struct {
-	orders        []order // by id
-	payments      []payment
-	wallets       []wallet
-	stock         []stockLevel
-	reservations  []reservation
+	orders       []order // by id
+	payments     []payment
+	wallets      []wallet
+	stock        []stockLevel
+	reservations []reservation
+	// strayLines are reservation lines of orders without a reservation:
+	// no foreign key keeps them out (see inventory's migration 00002).
+	strayLines    map[uuid.UUID]map[string]int64
 	notifications []notification
 	outboxes      []outboxState // order, payment, inventory, notify
 	consumers     []consumerState
@@ -251,7 +254,9 @@ func readInventory(ctx context.Context, tx pgx.Tx, snap *snapshot) error {
 	snap.reservations = make([]reservation, len(reservations))
 	for i, r := range reservations {
 		snap.reservations[i] = reservation{orderID: r.OrderID, status: r.Status, lines: byOrder[r.OrderID]}
+		delete(byOrder, r.OrderID)
 	}
+	snap.strayLines = byOrder
 	return nil
 }
 

@@ -20,7 +20,7 @@ import (
 // HandlePaymentDebitedBatch is the set-based form of HandlePaymentDebited
 // for the new PaymentDebited events of an inbox batch: it leaves the
 // database as HandlePaymentDebited called for each event in turn would, in
-// six statements and two round trips whatever the batch size, plus its
+// five statements and one round trip whatever the batch size, plus its
 // writes, which go with the inbox's COMMIT.
 //
 // It locks the stock rows of every SKU of the batch once, in SKU order (the
@@ -28,11 +28,17 @@ import (
 // other), decides each order in event order in Go against the stock the
 // orders before it left, and then writes the net decrement per SKU, the
 // reservations, their lines and the outcome events with one statement each,
-// queued on writes. Any error — also another transaction deciding one of the orders at the
-// same time — makes the inbox fall back to HandlePaymentDebited per event.
+// queued on writes.
+//
+// It does not look up whether an order was decided before: only an event
+// re-emitted under a new id (never the case in this saga; a redelivery
+// keeps its id and is dropped by the inbox), or another transaction
+// deciding the same order at the same time, can meet one, and then the
+// reservation's primary key fails the batch's writes. Any error makes the
+// inbox fall back to HandlePaymentDebited per event, which leaves the first
+// decision standing.
 func (s *Service) HandlePaymentDebitedBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, writes *postgres.Pipeline) error {
 	debited := make([]event.PaymentDebitedV1, len(evs))
-	orderIDs := make([]uuid.UUID, len(evs))
 	allSKUs := make(map[string]bool)
 	for i, ev := range evs {
 		if ev.Type != event.PaymentDebited {
@@ -41,7 +47,6 @@ func (s *Service) HandlePaymentDebitedBatch(ctx context.Context, tx pgx.Tx, evs 
 		if err := ev.Decode(&debited[i]); err != nil {
 			return err
 		}
-		orderIDs[i] = debited[i].OrderID
 		for _, l := range debited[i].Lines {
 			allSKUs[l.SKU] = true
 		}
@@ -56,17 +61,9 @@ func (s *Service) HandlePaymentDebitedBatch(ctx context.Context, tx pgx.Tx, evs 
 	for _, row := range stock {
 		available[row.Sku] = row.Available
 	}
-	// The reservation row is an order's one decision: an order decided
-	// before, or earlier in this batch, changes nothing.
-	known, err := s.queries.DecidedOrders(ctx, tx, orderIDs)
-	if err != nil {
-		return fmt.Errorf("look up reservations of %d orders: %w", len(orderIDs), err)
-	}
+	// The reservation row is an order's one decision: a second event for
+	// an order of this batch changes nothing.
 	decided := make(map[uuid.UUID]bool, len(evs))
-	for _, id := range known {
-		decided[id] = true
-	}
-
 	var (
 		reservations []dbsqlc.InsertReservationParams
 		lines        dbsqlc.InsertReservationLinesOfOrdersParams

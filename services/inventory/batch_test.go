@@ -40,8 +40,14 @@ func TestPaymentDebitedBatchEqualsEventByEvent(t *testing.T) {
 			}
 			evs := randomDebits(t, rng, 300)
 
-			apptest.ApplyBothForms(t, ref.Pool, set.Pool, apptest.RandomBatches(rng, evs),
+			batches := apptest.RandomBatches(rng, evs)
+			fellBack := apptest.ApplyBothForms(t, ref.Pool, set.Pool, batches,
 				inventory.New(ref.Pool).HandlePaymentDebited, inventory.New(set.Pool).HandlePaymentDebitedBatch)
+			// A batch falls back to the per-event handler exactly when it
+			// re-emits an order of an earlier batch.
+			require.Equal(t, apptest.Repeating(batches), fellBack)
+			require.Positive(t, fellBack, "some batches re-emit an earlier order")
+			require.Less(t, fellBack, len(batches)/2, "most batches are set-based")
 			apptest.RequireSameRows(t, ref.Pool, set.Pool,
 				`SELECT sku, available FROM stock ORDER BY sku`,
 				`SELECT order_id, status, reason FROM reservations ORDER BY order_id`,
@@ -65,13 +71,13 @@ func TestPaymentDebitedBatchEqualsEventByEvent(t *testing.T) {
 var stockedSKUs = []string{"a", "b", "c", "d", "e"}
 
 // randomDebits returns n PaymentDebited events of one to four lines, which
-// may repeat a SKU and rarely name an unknown one; about one in ten
+// may repeat a SKU and rarely name an unknown one; about one in forty
 // re-emits an earlier order under a new event id.
 func randomDebits(t *testing.T, rng *rand.Rand, n int) []event.Envelope {
 	t.Helper()
 	var evs []event.Envelope
 	for len(evs) < n {
-		if len(evs) > 0 && rng.IntN(10) == 0 {
+		if len(evs) > 0 && rng.IntN(40) == 0 {
 			evs = append(evs, reemitted(t, evs[rng.IntN(len(evs))]))
 			continue
 		}

@@ -42,8 +42,9 @@ func TestOrderMilestoneBatchEqualsEventByEvent(t *testing.T) {
 			ref, set := testenv.NewServiceDatabase(t, notify.Name), testenv.NewServiceDatabase(t, notify.Name)
 			evs := randomMilestones(t, rng, 300)
 
-			apptest.ApplyBothForms(t, ref.Pool, set.Pool, apptest.RandomBatches(rng, evs),
+			fellBack := apptest.ApplyBothForms(t, ref.Pool, set.Pool, apptest.RandomBatches(rng, evs),
 				notify.New(ref.Pool).HandleOrderMilestone, notify.New(set.Pool).HandleOrderMilestoneBatch)
+			require.Zero(t, fellBack, "batches that fell back")
 
 			want := apptest.Rows(t, ref.Pool, notificationsQuery)
 			require.Equal(t, want, apptest.Rows(t, set.Pool, notificationsQuery))

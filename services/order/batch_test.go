@@ -89,7 +89,7 @@ func requireBatchEqualsEventByEvent(t *testing.T, ref, set *pgxpool.Pool, batche
 	perEvent := func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		return handlerOf(refSvc, ev.Type)(ctx, tx, ev)
 	}
-	apptest.ApplyBothForms(t, ref, set, batches, perEvent, order.New(set).HandleBatch)
+	require.Zero(t, apptest.ApplyBothForms(t, ref, set, batches, perEvent, order.New(set).HandleBatch), "batches that fell back")
 	requireSameEffect(t, ref, set)
 }
 

@@ -19,20 +19,26 @@ import (
 
 // HandleOrderPlacedBatch is the set-based form of HandleOrderPlaced for the
 // new OrderPlaced events of an inbox batch: it leaves the database as
-// HandleOrderPlaced called for each event in turn would, in five statements
-// and two round trips whatever the batch size, plus its writes, which go
-// with the inbox's COMMIT.
+// HandleOrderPlaced called for each event in turn would, in four statements
+// and one round trip whatever the batch size, plus its writes, which go with
+// the inbox's COMMIT.
 //
 // It locks the batch's wallets once, in key order (so that concurrent
 // batches cannot deadlock), decides every order in event order in Go —
 // a wallet whose balance cannot cover all its orders still pays, in order,
 // those that fit, exactly as one debit after the other would — and then
 // writes the net debit per wallet, the payments and the outcome events with
-// one statement each, queued on writes. Any error makes the inbox fall back
-// to HandleOrderPlaced per event.
+// one statement each, queued on writes.
+//
+// It does not look up whether an order was paid before: only an event
+// re-emitted under a new id (never the case in this saga; a redelivery
+// keeps its id and is dropped by the inbox) can carry one, and then the
+// payment's primary key fails the batch's writes. Any error makes the inbox
+// fall back to HandleOrderPlaced per event, which leaves such an order
+// alone. The lookup was a statement and a round trip per batch of a hundred
+// events: 1.5 of its 8 milliseconds in pg_stat_statements.
 func (s *Service) HandleOrderPlacedBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, writes *postgres.Pipeline) error {
 	placed := make([]event.OrderPlacedV1, len(evs))
-	orderIDs := make([]uuid.UUID, len(evs))
 	customers := make(map[string]bool, len(evs))
 	for i, ev := range evs {
 		if ev.Type != event.OrderPlaced {
@@ -41,20 +47,9 @@ func (s *Service) HandleOrderPlacedBatch(ctx context.Context, tx pgx.Tx, evs []e
 		if err := ev.Decode(&placed[i]); err != nil {
 			return err
 		}
-		orderIDs[i] = placed[i].OrderID
 		customers[placed[i].CustomerID] = true
 	}
 
-	// An order is paid at most once, whatever events say: an order with a
-	// payment, or decided earlier in this batch, changes nothing.
-	paid, err := s.queries.PaidOrders(ctx, tx, orderIDs)
-	if err != nil {
-		return fmt.Errorf("look up payments of %d orders: %w", len(orderIDs), err)
-	}
-	decided := make(map[uuid.UUID]bool, len(evs))
-	for _, id := range paid {
-		decided[id] = true
-	}
 	wallets, err := s.queries.LockWallets(ctx, tx, slices.Sorted(maps.Keys(customers)))
 	if err != nil {
 		return fmt.Errorf("lock wallets of %d customers: %w", len(customers), err)
@@ -64,6 +59,9 @@ func (s *Service) HandleOrderPlacedBatch(ctx context.Context, tx pgx.Tx, evs []e
 		balance[w.CustomerID] = w.BalanceCents
 	}
 
+	// An order is paid at most once: a second event for an order of this
+	// batch changes nothing, as HandleOrderPlaced would find its payment.
+	decided := make(map[uuid.UUID]bool, len(evs))
 	var (
 		payments []dbsqlc.InsertPaymentParams
 		emitted  []event.Envelope

@@ -11,12 +11,6 @@ ON CONFLICT (order_id) DO NOTHING;
 INSERT INTO reservation_lines (order_id, sku, quantity)
 SELECT @order_id::uuid, unnest(@skus::text[]), unnest(@quantities::bigint[]);
 
--- name: DecidedOrders :many
--- The orders among order_ids that have a reservation decision already.
-SELECT order_id
-FROM reservations
-WHERE order_id = ANY (@order_ids::uuid[]);
-
 -- name: InsertReservations :exec
 -- Records several decisions with one statement. An order decided already is
 -- a unique violation: the caller falls back to InsertReservation, which

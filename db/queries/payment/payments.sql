@@ -14,12 +14,6 @@ UPDATE payments
 SET status = 'REFUNDED', refunded_at = now()
 WHERE order_id = @order_id AND status = 'DEBITED';
 
--- name: PaidOrders :many
--- The orders among order_ids that have a payment already.
-SELECT order_id
-FROM payments
-WHERE order_id = ANY (@order_ids::uuid[]);
-
 -- name: InsertPayments :exec
 -- Records several payments with one statement. An order that has one
 -- already is a unique violation, as with InsertPayment.

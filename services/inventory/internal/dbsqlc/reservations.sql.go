@@ -11,33 +11,6 @@ import (
 	"github.com/google/uuid"
 )
 
-const decidedOrders = `-- name: DecidedOrders :many
-SELECT order_id
-FROM reservations
-WHERE order_id = ANY ($1::uuid[])
-`
-
-// The orders among order_ids that have a reservation decision already.
-func (q *Queries) DecidedOrders(ctx context.Context, db DBTX, orderIds []uuid.UUID) ([]uuid.UUID, error) {
-	rows, err := db.Query(ctx, decidedOrders, orderIds)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []uuid.UUID{}
-	for rows.Next() {
-		var order_id uuid.UUID
-		if err := rows.Scan(&order_id); err != nil {
-			return nil, err
-		}
-		items = append(items, order_id)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const insertReservation = `-- name: InsertReservation :execrows
 INSERT INTO reservations (order_id, status, reason)
 VALUES ($1, $2, $3)

@@ -104,33 +104,6 @@ func (q *Queries) MarkRefunded(ctx context.Context, db DBTX, orderID uuid.UUID) 
 	return err
 }
 
-const paidOrders = `-- name: PaidOrders :many
-SELECT order_id
-FROM payments
-WHERE order_id = ANY ($1::uuid[])
-`
-
-// The orders among order_ids that have a payment already.
-func (q *Queries) PaidOrders(ctx context.Context, db DBTX, orderIds []uuid.UUID) ([]uuid.UUID, error) {
-	rows, err := db.Query(ctx, paidOrders, orderIds)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []uuid.UUID{}
-	for rows.Next() {
-		var order_id uuid.UUID
-		if err := rows.Scan(&order_id); err != nil {
-			return nil, err
-		}
-		items = append(items, order_id)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const paymentCustomers = `-- name: PaymentCustomers :many
 SELECT DISTINCT customer_id
 FROM payments
