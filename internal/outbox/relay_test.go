@@ -557,6 +557,45 @@ func TestFlushSendsEachMarkWithTheNextClaim(t *testing.T) {
 	require.Len(t, streamMsgs(t, f.js, streams.Orders), events)
 }
 
+// The relay's session runs its statements with their generic plans, planned
+// once, while it holds the relay lock, and goes back to the pool with the
+// plan_cache_mode it had.
+func TestRelayRunsGenericPlansWhileItLeads(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := setup(t)
+	f.provision(t, 0)
+	const events = 23
+	enqueue(t, f.db.Pool, orderEvents(t, events)...)
+
+	cfg := f.db.Pool.Config()
+	cfg.MaxConns = 1 // the relay's session is the one looked at below
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	n, err := outbox.NewRelay(pool, f.js, outbox.RelayConfig{BatchSize: 5}, f.logger).Flush(ctx)
+	require.NoError(t, err)
+	require.Equal(t, events, n)
+
+	var mode string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&mode))
+	require.Equal(t, "auto", mode)
+	rows, err := pool.Query(ctx, `
+		SELECT substring(statement FROM 'name: (\w+)'), generic_plans, custom_plans
+		FROM pg_prepared_statements
+		WHERE statement ~ 'name: (ClaimUnsent|MarkSent) '
+		ORDER BY 1`)
+	require.NoError(t, err)
+	type plans struct {
+		Query           string
+		Generic, Custom int64
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[plans])
+	require.NoError(t, err)
+	// Seven claims and five marks, as in TestFlushSendsEachMarkWithTheNextClaim.
+	require.Equal(t, []plans{{"ClaimUnsent", 7, 0}, {"MarkSent", 5, 0}}, got)
+}
+
 // A relay takes its sleep lock in the round trip of the claim that must
 // follow it, and releases it with the first claim after the wake-up; after
 // a batch, the lock goes with the claim that carries the batch's mark. A

@@ -237,12 +237,15 @@ func (q *Queries) Redrive(ctx context.Context, db DBTX, since time.Time) (int64,
 }
 
 const releaseRelayLocks = `-- name: ReleaseRelayLocks :exec
-SELECT pg_advisory_unlock_all()
+SELECT pg_advisory_unlock_all(), set_config('plan_cache_mode', reset_val, false)
+FROM pg_catalog.pg_settings
+WHERE name = 'plan_cache_mode'
 `
 
 // Ends a relay's turn on its session: the relay lock and, if the relay
-// sleeps, the sleep lock. The session is a pooled connection's, which holds
-// no other advisory lock.
+// sleeps, the sleep lock (the session is a pooled connection's, which holds
+// no other advisory lock), and the generic plans: the session goes back to
+// the pool with the plan_cache_mode it had.
 func (q *Queries) ReleaseRelayLocks(ctx context.Context, db DBTX) error {
 	_, err := db.Exec(ctx, releaseRelayLocks)
 	return err
@@ -272,7 +275,10 @@ func (q *Queries) TakeSleepLock(ctx context.Context, db DBTX, sleepKey int64) er
 }
 
 const tryRelayLock = `-- name: TryRelayLock :one
-SELECT pg_try_advisory_lock($1::bigint)
+SELECT CASE WHEN pg_try_advisory_lock($1::bigint)
+    THEN set_config('plan_cache_mode', 'force_generic_plan', false) IS NOT NULL
+    ELSE false
+END AS locked
 `
 
 // One relay at a time publishes a database's outbox, so that events of one
@@ -282,11 +288,18 @@ SELECT pg_try_advisory_lock($1::bigint)
 // can mark nothing more; another relay takes over at once. Session and
 // transaction locks on one key exclude each other, so a relay that takes
 // it with pg_try_advisory_xact_lock is kept out as well.
+//
+// The session that gets the lock also runs the relay's statements with
+// their generic plans. PostgreSQL would plan ClaimUnsent and MarkSent anew
+// for about every call, their plans for particular arrays looking cheaper
+// than the generic one, and planning them took longer than running them: a
+// sixth of the statement time of a whole deployment at 300 orders/s
+// (pg_stat_statements). Both are index range scans whatever the arguments.
 func (q *Queries) TryRelayLock(ctx context.Context, db DBTX, lockKey int64) (bool, error) {
 	row := db.QueryRow(ctx, tryRelayLock, lockKey)
-	var pg_try_advisory_lock bool
-	err := row.Scan(&pg_try_advisory_lock)
-	return pg_try_advisory_lock, err
+	var locked bool
+	err := row.Scan(&locked)
+	return locked, err
 }
 
 const unsentLag = `-- name: UnsentLag :one
