@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -45,6 +46,13 @@ func (r *batchRecorder) handle(ctx context.Context, tx pgx.Tx, evs []event.Envel
 	r.calls = append(r.calls, ids)
 	r.mu.Unlock()
 	return r.next(ctx, tx, evs, writes)
+}
+
+// batches is how many calls the handler had.
+func (r *batchRecorder) batches() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.calls)
 }
 
 // seen is every event the handler was called with, in call order.
@@ -91,6 +99,42 @@ func TestBatchHandlerGetsTheNewEventsInFetchOrder(t *testing.T) {
 	require.Zero(t, e.effects(t, old.ID))
 	require.EqualValues(t, 4, e.claims(t))
 	e.requireSettled(t)
+}
+
+// A set-based batch's writes run with their generic plans, planned once
+// (PostgreSQL would plan them for each batch's arrays), and the
+// transaction's end restores the session's plan_cache_mode.
+func TestBatchWritesRunGenericPlans(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := setup(t, streams.Consumer{})
+	const events = 12
+	for range events {
+		e.publish(t, newEvent(t))
+	}
+	cfg := e.db.Pool.Config()
+	cfg.MaxConns = 1 // the session looked at below is the consumer's
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	rec := &batchRecorder{next: writeEffects}
+	c := inbox.New(pool, e.js, inbox.Config{
+		Stream: testStream, Durable: testDurable, Batched: true, BatchSize: 3, BatchHandler: rec.handle,
+	}, writeEffect, e.logger)
+	run(t, c)
+	require.EventuallyWithT(t, func(c2 *assert.CollectT) {
+		assert.Equal(c2, inbox.Stats{Processed: events}, c.Stats())
+	}, waitFor, tick)
+
+	var mode string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&mode))
+	require.Equal(t, "auto", mode)
+	var generic, custom int
+	require.NoError(t, pool.QueryRow(ctx,
+		`SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE 'INSERT INTO effects%'`).
+		Scan(&generic, &custom))
+	require.Equal(t, rec.batches(), generic, "one generic plan run per batch")
+	require.Zero(t, custom)
 }
 
 func TestBatchHandlerFailureFallsBackEventByEvent(t *testing.T) {

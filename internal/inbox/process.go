@@ -257,6 +257,11 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 	writes.AfterSend(func(err error) { writesErr = err })
 	if len(fresh) > 0 {
 		if setBased {
+			// The handler's reads are planned for their arguments, its
+			// writes with their generic plans (see PlanGeneric).
+			if err := c.queries.PlanGeneric(ctx, &writes); err != nil {
+				return 0, nil, fmt.Errorf("queue plan mode: %w", err)
+			}
 			if herr := c.cfg.BatchHandler(ctx, postgres.PlanEachCall(tx), fresh, &writes); herr != nil {
 				return -1, herr, nil
 			}

@@ -33,3 +33,13 @@ WHERE (consumer, event_id) IN (
     WHERE p.processed_at < @before
     LIMIT @max_rows
 );
+
+-- name: PlanGeneric :exec
+-- Runs the rest of the transaction's prepared statements with their generic
+-- plans: the writes of a set-based batch, inserts from arrays and updates
+-- joined on a key, whose generic plans (index probes) serve any batch.
+-- PostgreSQL would plan them anew for every call: for the few events of a
+-- batch under light load, a plan for the particular arrays looks cheaper
+-- than the generic one. At 300 orders/s their planning took a tenth of the
+-- deployment's statement time (pg_stat_statements).
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true);

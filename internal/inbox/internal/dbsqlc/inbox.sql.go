@@ -118,3 +118,19 @@ func (q *Queries) DeleteProcessedBefore(ctx context.Context, db DBTX, arg Delete
 	}
 	return result.RowsAffected(), nil
 }
+
+const planGeneric = `-- name: PlanGeneric :exec
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true)
+`
+
+// Runs the rest of the transaction's prepared statements with their generic
+// plans: the writes of a set-based batch, inserts from arrays and updates
+// joined on a key, whose generic plans (index probes) serve any batch.
+// PostgreSQL would plan them anew for every call: for the few events of a
+// batch under light load, a plan for the particular arrays looks cheaper
+// than the generic one. At 300 orders/s their planning took a tenth of the
+// deployment's statement time (pg_stat_statements).
+func (q *Queries) PlanGeneric(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, planGeneric)
+	return err
+}
