@@ -36,7 +36,9 @@
 // once, for set-based statements, and queues its writes for the COMMIT,
 // which goes with them in one round trip; if it or one of its writes
 // fails, the transaction is rolled back and the batch runs again with the
-// Handler for each event. The next batch is fetched while one is processed.
+// Handler for each event. Its reads are planned for their arguments, its
+// writes run with their generic plans. The next batch is fetched while one
+// is processed.
 //
 // Limits: the guarantee covers what the handler writes through its
 // transaction; an external side effect needs its own outbox. A message

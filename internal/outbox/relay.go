@@ -28,8 +28,8 @@ const DefaultLockKey int64 = 0x6f7574626f78
 
 // sleepLockKey is the advisory lock a relay holds while it sleeps, on the
 // session that holds the relay lock: the outbox trigger notifies only when
-// it cannot take it shared (see the platform migrations that define the
-// trigger and outbox_sleep). "outbox_w" in ASCII.
+// it cannot take it shared (see the platform migration that defines the
+// trigger, and TakeSleepLock). "outbox_w" in ASCII.
 const sleepLockKey int64 = 0x6f7574626f785f77
 
 // The pause of a relay that found nothing to publish while commits were in
@@ -367,15 +367,18 @@ func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn, op sleepOp, rest 
 				lock = goToSleep
 			}
 			first = false
-			rows, err := r.claim(work, conn, inFlight, &marks, lock)
-			if lock == goToSleep && postgres.IsLockNotAvailable(err) {
-				// Nothing ran, the marks neither: claim without the lock.
-				busy = true
-				continue
-			}
+			rows, slept, err := r.claim(work, conn, inFlight, &marks, lock)
 			total += r.marked(&marks, err)
-			if err == nil && lock != stayAwake {
-				asleep = lock == goToSleep
+			if err == nil {
+				switch lock {
+				case wakeUp:
+					asleep = false
+				case goToSleep:
+					// Without the lock (commits in progress hold it
+					// shared) the claim ran all the same, and the relay
+					// stays awake.
+					asleep, busy = slept, !slept
+				}
 			}
 			if err != nil {
 				// Finish what is in flight first: the connection may
@@ -445,13 +448,16 @@ func (r *Relay) queueMark(m *marks, b *batch, acked int, err error) {
 	*m = append(*m, settled{ids: appendIDs(make([]int64, 0, acked), b.rows[:acked]), err: err})
 }
 
-// pipeline returns the queued marks as statements, after lock's.
-func (r *Relay) pipeline(m *marks, lock sleepOp) *postgres.Pipeline {
+// pipeline returns the queued marks as statements, after lock's. For
+// goToSleep, *slept is 1 once the pipeline was sent if the session got the
+// sleep lock.
+func (r *Relay) pipeline(m *marks, lock sleepOp, slept *int64) *postgres.Pipeline {
 	var p postgres.Pipeline
 	// Queued: the errors are Send's or Then's.
 	switch lock {
 	case goToSleep:
-		_ = r.queries.TakeSleepLock(context.Background(), &p, sleepLockKey)
+		_, _ = r.queries.TakeSleepLock(context.Background(), &p, sleepLockKey)
+		p.CountInto(slept)
 	case wakeUp:
 		_ = r.queries.ReleaseSleepLock(context.Background(), &p, sleepLockKey)
 	}
@@ -500,7 +506,7 @@ func (r *Relay) sendMarks(ctx context.Context, conn *pgxpool.Conn, m *marks) (in
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.dbTimeout())
 	defer cancel()
-	err := r.pipeline(m, stayAwake).Send(ctx, conn)
+	err := r.pipeline(m, stayAwake, nil).Send(ctx, conn)
 	n := r.marked(m, err)
 	if err != nil {
 		return n, fmt.Errorf("mark outbox rows sent: %w", err)
@@ -510,8 +516,9 @@ func (r *Relay) sendMarks(ctx context.Context, conn *pgxpool.Conn, m *marks) (in
 
 // claim returns the next batch of unsent rows in id order, leaving out the
 // rows of the batches in flight; lock's statement and the queued marks go
-// ahead of it. Each row tells whether more unsent rows lie beyond the batch.
-func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn, inFlight []*batch, m *marks, lock sleepOp) ([]dbsqlc.ClaimUnsentRow, error) {
+// ahead of it, and for goToSleep, slept reports whether the session got the
+// sleep lock. Each row tells whether more unsent rows lie beyond the batch.
+func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn, inFlight []*batch, m *marks, lock sleepOp) (rows []dbsqlc.ClaimUnsentRow, slept bool, err error) {
 	n := 0
 	for _, b := range inFlight {
 		n += len(b.rows)
@@ -522,11 +529,12 @@ func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn, inFlight []*batch
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.dbTimeout())
 	defer cancel()
-	rows, err := r.queries.ClaimUnsent(ctx, r.pipeline(m, lock).Then(conn), dbsqlc.ClaimUnsentParams{InFlight: ids, BatchSize: int64(r.cfg.BatchSize)})
+	var locked int64
+	rows, err = r.queries.ClaimUnsent(ctx, r.pipeline(m, lock, &locked).Then(conn), dbsqlc.ClaimUnsentParams{InFlight: ids, BatchSize: int64(r.cfg.BatchSize)})
 	if err != nil {
-		return nil, fmt.Errorf("claim outbox rows: %w", err)
+		return nil, false, fmt.Errorf("claim outbox rows: %w", err)
 	}
-	return rows, nil
+	return rows, locked == 1, nil
 }
 
 // publishAll publishes the batches it receives, one after the other, until

@@ -22,7 +22,8 @@ import (
 // that failed, and Affects checks a row count.
 type Pipeline struct {
 	batch pgx.Batch
-	rows  []int64 // per statement, the rows it must affect, or -1
+	rows  []int64  // per statement, the rows it must affect, or -1
+	into  []*int64 // per statement, where to report the rows it affected, or nil
 	after []func(error)
 }
 
@@ -34,6 +35,7 @@ var errNeedsRows = errors.New("postgres: a pipeline queues statements without ro
 func (p *Pipeline) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	p.batch.Queue(sql, args...)
 	p.rows = append(p.rows, -1)
+	p.into = append(p.into, nil)
 	return pgconn.CommandTag{}, nil
 }
 
@@ -49,6 +51,11 @@ func (p *Pipeline) QueryRow(context.Context, string, ...any) pgx.Row {
 
 // Affects makes Send fail unless the statement queued last affects n rows.
 func (p *Pipeline) Affects(n int64) { p.rows[len(p.rows)-1] = n }
+
+// CountInto makes Send store in *n the rows the statement queued last
+// affected or returned, once it ran: an answer that needs no rows read,
+// such as whether a conditional statement did anything.
+func (p *Pipeline) CountInto(n *int64) { p.into[len(p.into)-1] = n }
 
 // AfterSend registers f to be called with Send's error once the statements
 // have run (e.g. to end their spans).
@@ -98,6 +105,9 @@ func (p *Pipeline) results(br pgx.BatchResults, n int) error {
 		tag, err := br.Exec()
 		if err == nil && p.rows[i] >= 0 && tag.RowsAffected() != p.rows[i] {
 			err = fmt.Errorf("%d rows affected, %d expected", tag.RowsAffected(), p.rows[i])
+		}
+		if err == nil && p.into[i] != nil {
+			*p.into[i] = tag.RowsAffected()
 		}
 		if err != nil {
 			_ = br.Close()

@@ -49,6 +49,22 @@ func TestPipelineSendsItsStatementsInOrderInTheTransaction(t *testing.T) {
 			wantErr: "Twice: ERROR: duplicate key",
 		},
 		{
+			name: "counts reported",
+			queue: func(p *postgres.Pipeline) {
+				var inserted, selected, none int64 = -1, -1, -1
+				exec(t, p, "INSERT INTO effects VALUES (1), (2), (3)")
+				p.CountInto(&inserted)
+				exec(t, p, "SELECT 1 FROM effects WHERE n > 1")
+				p.CountInto(&selected)
+				exec(t, p, "SELECT 1 WHERE false")
+				p.CountInto(&none)
+				p.AfterSend(func(error) {
+					require.Equal(t, []int64{3, 2, 0}, []int64{inserted, selected, none})
+				})
+			},
+			want: []int32{1, 2, 3},
+		},
+		{
 			name: "rows affected other than expected",
 			queue: func(p *postgres.Pipeline) {
 				exec(t, p, "-- name: Missing :exec\nUPDATE effects SET n = 0 WHERE n = 99")

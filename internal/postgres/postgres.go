@@ -117,7 +117,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema Schema, logger *slo
 }
 
 // IsLockNotAvailable reports whether err is PostgreSQL's lock_not_available
-// (55P03): a lock_timeout ran out, or a lock that is only tried was held.
+// (55P03): a lock_timeout ran out, or a NOWAIT lock was held.
 func IsLockNotAvailable(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
