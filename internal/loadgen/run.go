@@ -98,6 +98,9 @@ const pollParallelism = 8
 // orders/s needs.
 const pollBudget = 2000
 
+// settleBudgetFactor multiplies pollBudget once placing ended.
+const settleBudgetFactor = 5
+
 // pollSlices is how many polls share out one PollInterval's requests. Each
 // customer is still looked at once per PollInterval, but the order service
 // sees an even stream of reads instead of a burst each interval, which
@@ -124,7 +127,7 @@ func (r *run) follow(ctx context.Context, placingDone <-chan struct{}) error {
 			return nil
 		case <-ticker.C:
 		}
-		r.poll(ctx)
+		r.poll(ctx, placingDone == nil)
 		if _, pending := r.tracker.counts(); placingDone == nil && pending == 0 {
 			return nil
 		}
@@ -132,11 +135,18 @@ func (r *run) follow(ctx context.Context, placingDone <-chan struct{}) error {
 }
 
 // poll lists the recent orders of customers with pending ones, and looks
-// up one by one the pending orders those lists do not show.
-func (r *run) poll(ctx context.Context) {
+// up one by one the pending orders those lists do not show. Once placing
+// ended (settling), it may read settleBudgetFactor times as much: no
+// placing is measured any more, and a backlog of orders not yet seen
+// finished, left by a run at full speed, is worked off within the settle
+// time instead of customer by customer.
+func (r *run) poll(ctx context.Context, settling bool) {
 	g, ctx := errgroup.WithContext(ctx)
 	g.SetLimit(pollParallelism)
 	budget := int(pollBudget * r.cfg.PollInterval.Seconds() / pollSlices)
+	if settling {
+		budget *= settleBudgetFactor
+	}
 	for _, j := range r.tracker.jobs(budget, r.cfg.PollInterval, time.Now()) {
 		g.Go(func() error {
 			var list struct {

@@ -34,14 +34,14 @@
 // no commit that inserted rows is in progress, claims once more to publish
 // what those committed, and waits for a notification on its LISTEN session;
 // while it holds the lock, the trigger cannot take it and the commit
-// notifies. The lock is taken in one round trip with that claim (the claim
-// runs only if the lock was had; after a batch, with the claim that carries
-// its mark, which then goes again on its own if the lock could not be had)
-// and released in one round trip with the first claim after the wake-up: a
-// relay that wakes up for one batch makes two round trips. A relay that is busy keeps claiming while
-// its claims find rows, and one that cannot get the lock (commits in
-// progress) looks again within milliseconds. A standby relay does not sleep
-// this way: it learns that the publishing relay is gone by polling.
+// notifies. The lock is tried in one round trip with that claim (after a
+// batch, with the claim that carries its mark), which runs either way, and
+// released in one round trip with the first claim after the wake-up: a
+// relay that wakes up for one batch makes two round trips. A relay that is
+// busy keeps claiming while its claims find rows, and one that did not get
+// the lock (commits in progress) stays awake and tries again with a claim
+// within milliseconds. A standby relay does not sleep this way: it learns
+// that the publishing relay is gone by polling.
 //
 // A claim starts at the lowest unsent id, never after the last row claimed.
 // A transaction that inserted a row with a lower id can commit after a claim
