@@ -1,6 +1,10 @@
 package loadgen
 
 import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,4 +36,35 @@ func TestJobsAreDueAnIntervalAfterPlacingOrPolling(t *testing.T) {
 	require.Empty(t, customers(tr.jobs(1000, interval, now)), "due again at once")
 	require.ElementsMatch(t, []string{"fresh", "polled", "waited"},
 		customers(tr.jobs(1000, interval, now.Add(interval))), "due an interval later")
+}
+
+// Once placing ended, a poll reads settleBudgetFactor times as much: a
+// backlog of orders not yet seen finished is worked off within the settle
+// time.
+func TestPollsReadMoreWhileSettling(t *testing.T) {
+	var lists atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/orders" {
+			lists.Add(1)
+		}
+		_, _ = w.Write([]byte(`{"orders": []}`))
+	}))
+	t.Cleanup(srv.Close)
+
+	const customers = 200
+	polled := func(settling bool) int32 {
+		r := &run{cfg: Config{OrderURL: srv.URL, PollInterval: time.Second}, client: &client{http: srv.Client()}, tracker: newTracker()}
+		for i := range customers {
+			id := fmt.Sprint("o", i)
+			r.tracker.add(orderView{ID: id, CustomerID: fmt.Sprint("c", i), Status: "PENDING"})
+			r.tracker.pendingIDs[id].placed = time.Now().Add(-time.Minute)
+		}
+		lists.Store(0)
+		r.poll(t.Context(), settling)
+		return lists.Load()
+	}
+	measuring, settling := polled(false), polled(true)
+	require.Less(t, measuring, int32(customers), "a poll's budget covers part of the customers")
+	require.Greater(t, settling, measuring)
+	require.Equal(t, min(settleBudgetFactor*measuring, customers), settling)
 }
