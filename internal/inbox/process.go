@@ -258,10 +258,9 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 	if len(fresh) > 0 {
 		if setBased {
 			// The handler's reads are planned for their arguments, its
-			// writes with their generic plans (see PlanGeneric).
-			if err := c.queries.PlanGeneric(ctx, &writes); err != nil {
-				return 0, nil, fmt.Errorf("queue plan mode: %w", err)
-			}
+			// writes with their generic plans (see PlanGeneric). Queued:
+			// the error is the COMMIT's.
+			_ = c.queries.PlanGeneric(ctx, &writes)
 			if herr := c.cfg.BatchHandler(ctx, postgres.PlanEachCall(tx), fresh, &writes); herr != nil {
 				return -1, herr, nil
 			}

@@ -233,9 +233,10 @@ type sleepOp int
 
 const (
 	stayAwake sleepOp = iota
-	// goToSleep takes the sleep lock ahead of the claim (and the marks),
+	// goToSleep tries the sleep lock ahead of the claim (and the marks),
 	// which then sees every row committed without a notification. While
-	// commits in progress hold the lock shared, neither runs.
+	// commits in progress hold the lock shared it is not had, and the claim
+	// and the marks run all the same.
 	goToSleep
 	// wakeUp releases the sleep lock: commits stop notifying while the
 	// relay works.
@@ -369,22 +370,19 @@ func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn, op sleepOp, rest 
 			first = false
 			rows, slept, err := r.claim(work, conn, inFlight, &marks, lock)
 			total += r.marked(&marks, err)
-			if err == nil {
-				switch lock {
-				case wakeUp:
-					asleep = false
-				case goToSleep:
-					// Without the lock (commits in progress hold it
-					// shared) the claim ran all the same, and the relay
-					// stays awake.
-					asleep, busy = slept, !slept
-				}
-			}
 			if err != nil {
 				// Finish what is in flight first: the connection may
 				// still be good enough to mark it.
 				claimErr, more = err, false
 				break
+			}
+			switch lock {
+			case wakeUp:
+				asleep = false
+			case goToSleep:
+				// Without the lock (commits in progress hold it shared)
+				// the claim ran all the same, and the relay stays awake.
+				asleep, busy = slept, !slept
 			}
 			if len(rows) == 0 {
 				more = false

@@ -617,7 +617,7 @@ func TestSleepAndWakeGoWithClaims(t *testing.T) {
 	require.Equal(t, [][]string{
 		{"ReleaseSleepLock", "ClaimUnsent"},
 		{"TakeSleepLock", "MarkSent", "ClaimUnsent"},
-	}, trips.names()[n:n+2], "all: %v", trips.names())
+	}, trips.names()[n:n+2], "all: %v", trips)
 }
 
 // While a producer's transaction holds the sleep lock shared, a relay that
@@ -757,6 +757,10 @@ func (r *roundTrips) names() [][]string {
 	defer r.mu.Unlock()
 	return slices.Clone(r.trips)
 }
+
+// String lists the round trips, for failure messages, which format it only
+// when they fail.
+func (r *roundTrips) String() string { return fmt.Sprint(r.names()) }
 
 func TestRunFinishesTheBatchInFlight(t *testing.T) {
 	t.Parallel()

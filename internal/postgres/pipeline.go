@@ -19,12 +19,17 @@ import (
 //
 // A queued statement has not run when its method returns: the method
 // reports no error and no rows affected. Send reports the first statement
-// that failed, and Affects checks a row count.
+// that failed, Affects checks a row count and CountInto reports one.
 type Pipeline struct {
 	batch pgx.Batch
-	rows  []int64  // per statement, the rows it must affect, or -1
-	into  []*int64 // per statement, where to report the rows it affected, or nil
+	rows  []rowCount // per statement
 	after []func(error)
+}
+
+// rowCount is what is done with the rows a queued statement affected.
+type rowCount struct {
+	want int64  // the rows it must affect, or -1
+	into *int64 // where to report them, or nil
 }
 
 // errNeedsRows is the answer to a statement whose rows the caller needs at
@@ -34,8 +39,7 @@ var errNeedsRows = errors.New("postgres: a pipeline queues statements without ro
 // Exec queues the statement.
 func (p *Pipeline) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	p.batch.Queue(sql, args...)
-	p.rows = append(p.rows, -1)
-	p.into = append(p.into, nil)
+	p.rows = append(p.rows, rowCount{want: -1})
 	return pgconn.CommandTag{}, nil
 }
 
@@ -50,12 +54,12 @@ func (p *Pipeline) QueryRow(context.Context, string, ...any) pgx.Row {
 }
 
 // Affects makes Send fail unless the statement queued last affects n rows.
-func (p *Pipeline) Affects(n int64) { p.rows[len(p.rows)-1] = n }
+func (p *Pipeline) Affects(n int64) { p.rows[len(p.rows)-1].want = n }
 
 // CountInto makes Send store in *n the rows the statement queued last
 // affected or returned, once it ran: an answer that needs no rows read,
 // such as whether a conditional statement did anything.
-func (p *Pipeline) CountInto(n *int64) { p.into[len(p.into)-1] = n }
+func (p *Pipeline) CountInto(n *int64) { p.rows[len(p.rows)-1].into = n }
 
 // AfterSend registers f to be called with Send's error once the statements
 // have run (e.g. to end their spans).
@@ -103,11 +107,12 @@ type DBTX interface {
 func (p *Pipeline) results(br pgx.BatchResults, n int) error {
 	for i, q := range p.batch.QueuedQueries[:n] {
 		tag, err := br.Exec()
-		if err == nil && p.rows[i] >= 0 && tag.RowsAffected() != p.rows[i] {
-			err = fmt.Errorf("%d rows affected, %d expected", tag.RowsAffected(), p.rows[i])
+		c := p.rows[i]
+		if err == nil && c.want >= 0 && tag.RowsAffected() != c.want {
+			err = fmt.Errorf("%d rows affected, %d expected", tag.RowsAffected(), c.want)
 		}
-		if err == nil && p.into[i] != nil {
-			*p.into[i] = tag.RowsAffected()
+		if err == nil && c.into != nil {
+			*c.into = tag.RowsAffected()
 		}
 		if err != nil {
 			_ = br.Close()
