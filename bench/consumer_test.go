@@ -36,13 +36,14 @@ var consumerModes = []consumerMode{
 }
 
 // handleDebit is the benchmarks' per-event handler: decode the order, debit
-// its wallet.
+// its wallet. The debit is an :exec: the inbox sends it with the COMMIT.
 func handleDebit(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 	var p event.OrderPlacedV1
 	if err := ev.Decode(&p); err != nil {
 		return err
 	}
-	return debitOne(ctx, tx, p.CustomerID, p.TotalCents)
+	_, err := tx.Exec(ctx, debitExecSQL, p.CustomerID, p.TotalCents)
+	return err
 }
 
 // handleDebits is its set-based form.
@@ -184,7 +185,7 @@ func (n *naive) process(ctx context.Context, msgs []jetstream.Msg) error {
 	switch {
 	case !n.mode.batched:
 		for i, ev := range evs {
-			if err := inTx(ctx, n.pool, func(tx pgx.Tx) error { return handleDebit(ctx, tx, ev) }); err != nil {
+			if err := inTxBehind(ctx, n.pool, func(tx pgx.Tx) error { return handleDebit(ctx, tx, ev) }); err != nil {
 				return err
 			}
 			if err := ack(msgs[i : i+1]); err != nil {
@@ -199,7 +200,7 @@ func (n *naive) process(ctx context.Context, msgs []jetstream.Msg) error {
 	default:
 		// In turn on one transaction, as the inbox does when no handler
 		// fails.
-		err := inTx(ctx, n.pool, func(tx pgx.Tx) error {
+		err := inTxBehind(ctx, n.pool, func(tx pgx.Tx) error {
 			for _, ev := range evs {
 				if err := handleDebit(ctx, tx, ev); err != nil {
 					return err
@@ -212,6 +213,31 @@ func (n *naive) process(ctx context.Context, msgs []jetstream.Msg) error {
 		}
 	}
 	return ack(msgs)
+}
+
+// inTxBehind is inTx as the inbox runs a per-event handler: its :exec
+// writes are queued (postgres.WriteBehind) and sent with the COMMIT.
+func inTxBehind(ctx context.Context, pool *pgxpool.Pool, f func(pgx.Tx) error) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if conn.Conn().PgConn().TxStatus() != 'I' {
+			_ = tx.Rollback(ctx)
+		}
+	}()
+	wb := postgres.WriteBehind(tx)
+	if err := f(wb); err != nil {
+		return err
+	}
+	_, err = wb.Writes().Then(conn).Exec(ctx, "COMMIT")
+	return err
 }
 
 // fetch is the inbox consumer's fetch: what is waiting, up to max, else the

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/postgres"
 )
 
 // The inbox's statements (internal/inbox's ClaimEvent and ClaimEvents) and
@@ -41,6 +42,12 @@ RETURNING event_id`
 SET balance_cents = balance_cents - $2, updated_at = now()
 WHERE customer_id = $1 AND balance_cents >= $2`
 
+	// The debit as an :exec of sqlc's, which the inbox queues behind a
+	// handler's next read or its COMMIT (postgres.WriteBehind). It cannot
+	// check that a wallet was debited; TestConsumerWorkloadsDebitEveryEventOnce
+	// checks the sum.
+	debitExecSQL = "-- name: DebitWallet :exec\n" + debitSQL
+
 	// The input is sorted by customer and the join runs in its order, so
 	// rows are locked in key order.
 	debitSetSQL = `UPDATE wallets
@@ -58,7 +65,7 @@ func claimOne(ctx context.Context, tx pgx.Tx, ev event.Envelope, seq int64) erro
 }
 
 // claimBatch is the inbox's claim of a batch, in event id order.
-func claimBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
+func claimBatch(ctx context.Context, tx postgres.DBTX, evs []event.Envelope) error {
 	byID := slices.SortedFunc(slices.Values(evs), func(a, b event.Envelope) int { return bytes.Compare(a.ID[:], b.ID[:]) })
 	ids, types, times, seqs := make([]uuid.UUID, len(byID)), make([]string, len(byID)), make([]time.Time, len(byID)), make([]int64, len(byID))
 	for i, ev := range byID {
@@ -112,8 +119,9 @@ func debitSet(ctx context.Context, tx pgx.Tx, customers []string, amounts []int6
 // BenchmarkDBLimit is the database's limit: the inbox's claim and a wallet
 // debit issued straight from Go, without NATS, one event per transaction on
 // 1 and 4 connections, and batchSize events per transaction: one claim
-// statement and then a debit per event (the batched inbox's statements), a
-// debit per event each under a savepoint, or one set-based debit.
+// statement and then a debit per event, in a round trip each (batch) or
+// sent with the COMMIT as the batched inbox sends them (pipelined), a debit
+// per event each under a savepoint, or one set-based debit.
 func BenchmarkDBLimit(b *testing.B) {
 	for _, pg := range pgTargets(b) {
 		for _, conns := range []int{1, 4} {
@@ -148,6 +156,27 @@ func BenchmarkDBLimit(b *testing.B) {
 					}
 					return nil
 				})
+			})
+		})
+		b.Run(fmt.Sprintf("pg=%s/mode=pipelined/conns=1", pg.name), func(b *testing.B) {
+			pool := pg.newDB(b, schemaOf(b, "payment"))
+			seedWallets(b, pool)
+			ds := orderEvents(b, b.N)
+			drive(b, 1, batchSize, ds, func(ctx context.Context, chunk []debit) error {
+				// BEGIN goes with the claim, the debits with the COMMIT.
+				begin := postgres.BeginWith(pool)
+				defer begin.End(ctx)
+				if err := claimBatch(ctx, begin, envelopes(chunk)); err != nil {
+					return err
+				}
+				if _, err := begin.Tx(); err != nil {
+					return err
+				}
+				var debits postgres.Pipeline
+				for _, d := range chunk {
+					_, _ = debits.Exec(ctx, debitExecSQL, d.customer, d.amount) // queued
+				}
+				return begin.Commit(ctx, &debits)
 			})
 		})
 		b.Run(fmt.Sprintf("pg=%s/mode=savepoint/conns=1", pg.name), func(b *testing.B) {

@@ -115,7 +115,7 @@ func targets() []target {
 	for _, pg := range []string{"durable", "fast"} {
 		p := "pg=" + pg
 		ts = append(ts,
-			target{name: p + ": batched inbox / batched DB limit (its statements)", num: "Inbox/" + p + "/mode=batched/workers=1", den: "DBLimit/" + p + "/mode=batch/conns=1", bound: 0.6},
+			target{name: p + ": batched inbox / batched DB limit (its statements)", num: "Inbox/" + p + "/mode=batched/workers=1", den: "DBLimit/" + p + "/mode=pipelined/conns=1", bound: 0.6},
 			target{name: p + ": set-based inbox / set-based DB limit", num: "Inbox/" + p + "/mode=setbased/workers=1", den: "DBLimit/" + p + "/mode=setbased/conns=1", bound: 0.6},
 			target{name: p + ": unbatched inbox / 1-event-per-tx DB limit, 1 connection", num: "Inbox/" + p + "/mode=unbatched/workers=1", den: "DBLimit/" + p + "/mode=tx1/conns=1", bound: 0.8},
 			target{name: p + ": unbatched inbox / 1-event-per-tx DB limit, 4 connections", num: "Inbox/" + p + "/mode=unbatched/workers=4", den: "DBLimit/" + p + "/mode=tx1/conns=4", bound: 0.8},

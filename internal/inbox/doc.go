@@ -26,6 +26,10 @@
 //     fails, the message is redelivered instead.
 //   - One bad message never stops the consumer.
 //
+// A handler's sqlc :exec statements are queued (postgres.WriteBehind) and
+// sent ahead of its next statement that answers, or the next event's, or
+// with the COMMIT; one that fails fails the event that queued it.
+//
 // With Config.Batched, a fetched batch shares one transaction and one claim
 // statement, and one failure undoes only that event's writes and claim: the
 // handlers run in turn right after the claim; when one fails, the

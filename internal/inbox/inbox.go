@@ -61,6 +61,14 @@ func isPermanent(err error) bool {
 // another event of the batch fails, a handler that succeeded sees its
 // writes rolled back and is called again for the same event in a new
 // transaction.
+//
+// tx queues the handler's sqlc :exec statements (postgres.WriteBehind):
+// they are sent ahead of its next statement that answers, or of the next
+// event's, or with the COMMIT, so a handler that reads once and writes
+// three times costs one round trip, not four. An :exec that fails fails
+// its event all the same, but its error comes back from a later statement
+// (or not to the handler at all): a handler that must act on a write's
+// outcome uses :execrows, :one or ON CONFLICT.
 type Handler func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
 
 // BatchHandler is the optional set-based form of a Handler: it applies the

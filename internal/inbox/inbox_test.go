@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -305,6 +306,63 @@ func TestMaxDeliverExhaustionIsDeadLettered(t *testing.T) {
 		require.Contains(t, reason, "the ledger is locked")
 		require.Equal(t, ev.ID.String(), dlq[0].Header.Get(event.HeaderID))
 	})
+}
+
+// A handler's :exec writes are sent behind the next statement that
+// answers, which may be the next event's read, or with the COMMIT. A write
+// that fails there fails the event that queued it, not the one whose read
+// carried it: only the target is retried and dead-lettered, whatever its
+// place in the batch.
+func TestAFailedQueuedWriteFailsItsOwnEvent(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		batched bool
+		target  int // which of the three events writes what cannot be written
+	}{
+		{name: "unbatched", target: 1},
+		{name: "batched, sent by the next event's read", batched: true, target: 1},
+		{name: "batched, sent with the COMMIT", batched: true, target: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const maxDeliver = 2
+			e := setup(t, streams.Consumer{MaxDeliver: maxDeliver})
+			evs := []event.Envelope{newEvent(t), newEvent(t), newEvent(t)}
+			for _, ev := range evs {
+				e.publish(t, ev)
+			}
+			var calls [3]atomic.Int32
+			c := e.start(t, inbox.Config{Batched: tc.batched, BatchSize: 10}, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+				i := slices.IndexFunc(evs, func(e event.Envelope) bool { return e.ID == ev.ID })
+				calls[i].Add(1)
+				var n int64
+				err := tx.QueryRow(ctx, "-- name: CountEffects :one\nSELECT count(*) FROM effects WHERE event_id = $1", ev.ID).Scan(&n)
+				if err != nil {
+					return err
+				}
+				if i == tc.target {
+					_, err := tx.Exec(ctx, "-- name: WriteNothing :exec\nINSERT INTO effects (event_id, n) VALUES ($1, NULL)", ev.ID)
+					return err // nil: it was queued
+				}
+				return writeEffect(ctx, tx, ev)
+			})
+
+			require.Eventually(t, func() bool { return c.Stats().DeadLettered == 1 }, waitFor, tick)
+			require.Equal(t, inbox.Stats{Processed: 2, DeadLettered: 1, Retried: maxDeliver - 1}, c.Stats())
+			e.requireSettled(t)
+			dlq := e.dlqMsgs(t)
+			require.Len(t, dlq, 1)
+			require.Equal(t, evs[tc.target].ID.String(), dlq[0].Header.Get(event.HeaderID))
+			require.Contains(t, requireDeadLetter(t, dlq[0], uint64(tc.target+1), maxDeliver), "WriteNothing: ERROR: null value")
+			for i, ev := range evs {
+				if i != tc.target {
+					require.EqualValues(t, 1, e.effects(t, ev.ID))
+				}
+			}
+			require.EqualValues(t, maxDeliver, calls[tc.target].Load())
+		})
+	}
 }
 
 func TestEventsBeyondRetentionAreDeadLettered(t *testing.T) {

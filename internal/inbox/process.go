@@ -121,14 +121,24 @@ func (c *Consumer) processTx(ctx context.Context, d *delivery) {
 		d.fail(fmt.Errorf("begin: %w", err))
 		return
 	}
-	if err := c.handler(ctx, tx, d.ev); err != nil {
-		d.fail(fmt.Errorf("handler: %w", err))
+	// The handler's :exec writes go with its next read, or the COMMIT.
+	wb := postgres.WriteBehind(tx)
+	herr := c.handler(ctx, wb, d.ev)
+	if werr := wb.Err(); werr != nil {
+		herr = werr // what failed the handler's next statement, if any
+	}
+	if herr != nil {
+		d.fail(fmt.Errorf("handler: %w", herr))
 		return
 	}
 	// A failed commit may still have happened (the connection broke after
 	// the server committed); then the redelivery is dropped as a duplicate.
-	if err := begin.Commit(ctx, nil); err != nil {
-		d.fail(fmt.Errorf("commit: %w", err))
+	if err := begin.Commit(ctx, wb.Writes()); err != nil {
+		if werr := wb.Err(); werr != nil {
+			d.fail(fmt.Errorf("handler: %w", werr))
+		} else {
+			d.fail(fmt.Errorf("commit: %w", err))
+		}
 		return
 	}
 	d.outcome = processed
@@ -251,17 +261,21 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 			fresh = append(fresh, d.ev)
 		}
 	}
-	// The set-based handler's writes go with the COMMIT.
-	var writes postgres.Pipeline
+	// The handlers' writes go with the COMMIT: the set-based handler's
+	// queued on writes, the per-event handlers' :exec statements behind
+	// the next read (see postgres.WriteBehind), and what is left with the
+	// COMMIT.
+	writes := &postgres.Pipeline{}
 	var writesErr error
 	writes.AfterSend(func(err error) { writesErr = err })
+	wb := postgres.WriteBehind(tx)
 	if len(fresh) > 0 {
 		if setBased {
 			// The handler's reads are planned for their arguments, its
 			// writes with their generic plans (see PlanGeneric). Queued:
 			// the error is the COMMIT's.
-			_ = c.queries.PlanGeneric(ctx, &writes)
-			if herr := c.cfg.BatchHandler(ctx, postgres.PlanEachCall(tx), fresh, &writes); herr != nil {
+			_ = c.queries.PlanGeneric(ctx, writes)
+			if herr := c.cfg.BatchHandler(ctx, postgres.PlanEachCall(tx), fresh, writes); herr != nil {
 				return -1, herr, nil
 			}
 		} else {
@@ -269,14 +283,25 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 				if !isNew[d.ev.ID] {
 					continue
 				}
-				if herr := c.handler(ctx, tx, d.ev); herr != nil {
+				wb.Own(i)
+				herr := c.handler(ctx, wb, d.ev)
+				if werr := wb.Err(); werr != nil {
+					// An earlier write of its own or of an event before
+					// it failed, which may be what failed the handler.
+					return werr.Owner, werr.Err, nil
+				}
+				if herr != nil {
 					return i, herr, nil
 				}
 			}
+			writes = wb.Writes()
 		}
 	}
-	if err := begin.Commit(ctx, &writes); err != nil {
-		if writesErr != nil {
+	if err := begin.Commit(ctx, writes); err != nil {
+		switch werr := wb.Err(); {
+		case werr != nil:
+			return werr.Owner, werr.Err, nil
+		case writesErr != nil:
 			return -1, writesErr, nil // the handler's failure, as if it had sent them
 		}
 		return 0, nil, fmt.Errorf("commit: %w", err)

@@ -140,9 +140,10 @@ func (e *env) publish(t *testing.T, ev event.Envelope) {
 	e.publishMsg(t, msgOf(t, ev, uuid.NewString()))
 }
 
-// writeEffect is the business write of the test handlers.
+// writeEffect is the business write of the test handlers, an :exec as sqlc
+// writes it: the inbox queues it behind the handler's next read.
 func writeEffect(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-	_, err := tx.Exec(ctx, `INSERT INTO effects (event_id, n) VALUES ($1, 1)`, ev.ID)
+	_, err := tx.Exec(ctx, "-- name: WriteEffect :exec\nINSERT INTO effects (event_id, n) VALUES ($1, 1)", ev.ID)
 	return err
 }
 

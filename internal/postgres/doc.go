@@ -11,7 +11,9 @@
 // statement (and its COMMIT with the writes queued for it), Pipeline sends
 // statements that need no answer from each other in one round trip (with
 // Then, ahead of the next statement, which may answer; a failure is a
-// QueryError that names the statement), and PlanEachCall has PostgreSQL
+// QueryError that names the statement), WriteBehind queues a transaction's
+// sqlc :exec statements until one that answers (or the COMMIT) carries
+// them, and PlanEachCall has PostgreSQL
 // plan each statement for its arguments (a set-based batch's arrays).
 // IsLockNotAvailable recognises a lock_timeout that ran out.
 package postgres

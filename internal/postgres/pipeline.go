@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -19,17 +18,15 @@ import (
 //
 // A queued statement has not run when its method returns: the method
 // reports no error and no rows affected. Send reports the first statement
-// that failed, Affects checks a row count and CountInto reports one.
+// that failed, and CountInto reports a row count. A check of what a
+// statement did belongs in the statement, so that it fails on the server:
+// a COMMIT sent in the same round trip (TxStart.Commit) has run by the
+// time the client could compare (see expect_rows in the platform
+// migrations).
 type Pipeline struct {
 	batch pgx.Batch
-	rows  []rowCount // per statement
+	into  []*int64 // per statement, where to report its row count, or nil
 	after []func(error)
-}
-
-// rowCount is what is done with the rows a queued statement affected.
-type rowCount struct {
-	want int64  // the rows it must affect, or -1
-	into *int64 // where to report them, or nil
 }
 
 // errNeedsRows is the answer to a statement whose rows the caller needs at
@@ -39,7 +36,7 @@ var errNeedsRows = errors.New("postgres: a pipeline queues statements without ro
 // Exec queues the statement.
 func (p *Pipeline) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	p.batch.Queue(sql, args...)
-	p.rows = append(p.rows, rowCount{want: -1})
+	p.into = append(p.into, nil)
 	return pgconn.CommandTag{}, nil
 }
 
@@ -53,13 +50,13 @@ func (p *Pipeline) QueryRow(context.Context, string, ...any) pgx.Row {
 	return errRow{errNeedsRows}
 }
 
-// Affects makes Send fail unless the statement queued last affects n rows.
-func (p *Pipeline) Affects(n int64) { p.rows[len(p.rows)-1].want = n }
-
 // CountInto makes Send store in *n the rows the statement queued last
 // affected or returned, once it ran: an answer that needs no rows read,
 // such as whether a conditional statement did anything.
-func (p *Pipeline) CountInto(n *int64) { p.rows[len(p.rows)-1].into = n }
+func (p *Pipeline) CountInto(n *int64) { p.into[len(p.into)-1] = n }
+
+// Len is the number of statements queued.
+func (p *Pipeline) Len() int { return p.batch.Len() }
 
 // AfterSend registers f to be called with Send's error once the statements
 // have run (e.g. to end their spans).
@@ -103,20 +100,16 @@ type DBTX interface {
 }
 
 // results reads the answers of the first n queued statements from br and
-// checks their row counts. On an error it closes br.
+// reports the row counts asked for. On an error it closes br.
 func (p *Pipeline) results(br pgx.BatchResults, n int) error {
 	for i, q := range p.batch.QueuedQueries[:n] {
 		tag, err := br.Exec()
-		c := p.rows[i]
-		if err == nil && c.want >= 0 && tag.RowsAffected() != c.want {
-			err = fmt.Errorf("%d rows affected, %d expected", tag.RowsAffected(), c.want)
-		}
-		if err == nil && c.into != nil {
-			*c.into = tag.RowsAffected()
+		if err == nil && p.into[i] != nil {
+			*p.into[i] = tag.RowsAffected()
 		}
 		if err != nil {
 			_ = br.Close()
-			return &QueryError{Query: queryName(q.SQL), Err: err}
+			return &QueryError{Query: queryName(q.SQL), Index: i, Err: err}
 		}
 	}
 	return nil
@@ -210,6 +203,7 @@ func (r batchRow) Scan(dest ...any) error {
 // QueryError is the failure of a statement sent in a Pipeline.
 type QueryError struct {
 	Query string // sqlc's name of the query, or the start of the statement
+	Index int    // its position among the statements queued on the Pipeline
 	Err   error
 }
 
