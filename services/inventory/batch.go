@@ -27,13 +27,13 @@ import (
 // them, decides each order in event order in Go against the stock the
 // orders before it left, and then writes the net decrement per SKU, the
 // reservations, their lines and the outcome events with one statement each,
-// queued on writes. The decrement (TakeStock) locks the rows in SKU order,
-// the order HandlePaymentDebited locks in, so neither form can deadlock the
+// queued on writes. The decrement locks the rows first, in SKU order, the
+// order HandlePaymentDebited locks in, so neither form can deadlock the
 // other, and fails the batch unless every SKU it read still covers what
-// the batch takes and has not grown: then the decisions are the ones the
-// stock as it is would give. So the rows are locked from the batch's last
-// round trip to its commit, not from its first: another batch over the
-// same SKUs, or an order handled alone, waits for less.
+// the batch takes and has not grown (TakeStock): then the decisions are
+// the ones the stock as it is would give. So the rows are locked from the
+// batch's last round trip to its commit, not from its second: another
+// batch over the same SKUs, or an order handled alone, waits for less.
 //
 // It does not look up whether an order was decided before: only an event
 // re-emitted under a new id (never the case in this saga; a redelivery
@@ -140,6 +140,9 @@ func (s *Service) takeStock(ctx context.Context, writes *postgres.Pipeline, read
 	}
 	for i, row := range read {
 		arg.Skus[i], arg.Quantities[i], arg.Seen[i] = row.Sku, taken[row.Sku], row.Available
+	}
+	if err := s.queries.LockStockForTaking(ctx, writes, arg.Skus); err != nil {
+		return fmt.Errorf("lock stock of %d skus: %w", len(arg.Skus), err)
 	}
 	if err := s.queries.TakeStock(ctx, writes, arg); err != nil {
 		return fmt.Errorf("take stock of %d skus: %w", len(arg.Skus), err)

@@ -28,12 +28,12 @@ import (
 // orders still pays, in order, those that fit, exactly as one debit after
 // the other would — and then writes the net debit per wallet, the payments
 // and the outcome events with one statement each, queued on writes. The
-// debit locks the wallets in key order (so that concurrent batches cannot
-// deadlock) and fails the batch unless every balance it read still covers
-// what the batch takes and has not grown (a refund or a credit in
-// between): then the decisions are the ones the balances as they are
-// would give. So the wallets are locked from the batch's last round trip
-// to its commit, not from its first.
+// debit locks the wallets first, in key order (so that concurrent batches
+// cannot deadlock), and fails the batch unless every balance it read still
+// covers what the batch takes and has not grown, by a refund or a credit
+// in between (DebitWalletsAsRead): then the decisions are the ones the
+// balances as they are would give. So the wallets are locked from the
+// batch's last round trip to its commit, not from its second.
 //
 // It does not look up whether an order was paid before: only an event
 // re-emitted under a new id (never the case in this saga; a redelivery
@@ -130,6 +130,9 @@ func (s *Service) debitWallets(ctx context.Context, writes *postgres.Pipeline, r
 	}
 	for i, w := range read {
 		arg.CustomerIds[i], arg.Amounts[i], arg.Seen[i] = w.CustomerID, debits[w.CustomerID], w.BalanceCents
+	}
+	if err := s.queries.LockWalletsForDebit(ctx, writes, arg.CustomerIds); err != nil {
+		return fmt.Errorf("lock %d wallets: %w", len(read), err)
 	}
 	if err := s.queries.DebitWalletsAsRead(ctx, writes, arg); err != nil {
 		return fmt.Errorf("debit %d wallets: %w", len(read), err)

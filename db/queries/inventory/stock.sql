@@ -40,13 +40,23 @@ FROM stock
 WHERE sku = ANY (@skus::text[])
 ORDER BY sku;
 
+-- name: LockStockForTaking :exec
+-- LockStock for a pipeline, ahead of TakeStock: the update's own plan (a
+-- hash join over a scan, for a small table) would lock the rows in the
+-- order it finds them, and two batches could then deadlock.
+SELECT 1
+FROM stock
+WHERE sku = ANY (@skus::text[])
+ORDER BY sku
+FOR UPDATE;
+
 -- name: TakeStock :exec
 -- Takes quantities[i] from skus[i], each only if the stock still covers it
 -- and has not grown since it was read as seen[i]. Then every decision made
 -- on the stock as read holds on the stock as it is: stock that only
 -- shrank rejects whatever it rejected before, and an order it reserved is
 -- covered. The caller passes every SKU it read (quantity 0 for those it
--- only decided on), in SKU order, the order the rows are locked in. If one
+-- only decided on), locked in SKU order first (LockStockForTaking). If one
 -- of them changed otherwise, it fails (expect_rows) and so does the
 -- transaction, even when its COMMIT was sent with it.
 WITH taken AS (

@@ -46,14 +46,24 @@ FROM wallets
 WHERE customer_id = ANY (@customer_ids::text[])
 ORDER BY customer_id;
 
+-- name: LockWalletsForDebit :exec
+-- LockWallets for a pipeline, ahead of DebitWalletsAsRead: the debit's own
+-- plan (a hash join over a scan, for a small table) would lock the rows in
+-- the order it finds them, and two batches could then deadlock.
+SELECT 1
+FROM wallets
+WHERE customer_id = ANY (@customer_ids::text[])
+ORDER BY customer_id
+FOR UPDATE;
+
 -- name: DebitWalletsAsRead :exec
 -- Takes amounts[i] from customer_ids[i], each only if the balance still
 -- covers it and has not grown since it was read as seen[i]. Then every
 -- decision made on the balances as read holds on the balances as they are:
 -- a balance that only shrank rejects whatever it rejected before, and the
 -- orders it paid are covered. The caller passes every wallet it read
--- (amount 0 for those it only decided on), in key order, the order the
--- rows are locked in. If one of them changed otherwise, it fails
+-- (amount 0 for those it only decided on), locked in key order first
+-- (LockWalletsForDebit). If one of them changed otherwise, it fails
 -- (expect_rows) and so does the transaction, even when its COMMIT was sent
 -- with it.
 WITH debited AS (

@@ -81,6 +81,22 @@ func (q *Queries) LockStock(ctx context.Context, db DBTX, skus []string) ([]Lock
 	return items, nil
 }
 
+const lockStockForTaking = `-- name: LockStockForTaking :exec
+SELECT 1
+FROM stock
+WHERE sku = ANY ($1::text[])
+ORDER BY sku
+FOR UPDATE
+`
+
+// LockStock for a pipeline, ahead of TakeStock: the update's own plan (a
+// hash join over a scan, for a small table) would lock the rows in the
+// order it finds them, and two batches could then deadlock.
+func (q *Queries) LockStockForTaking(ctx context.Context, db DBTX, skus []string) error {
+	_, err := db.Exec(ctx, lockStockForTaking, skus)
+	return err
+}
+
 const readStock = `-- name: ReadStock :many
 SELECT sku, available
 FROM stock
@@ -169,7 +185,7 @@ type TakeStockParams struct {
 // on the stock as read holds on the stock as it is: stock that only
 // shrank rejects whatever it rejected before, and an order it reserved is
 // covered. The caller passes every SKU it read (quantity 0 for those it
-// only decided on), in SKU order, the order the rows are locked in. If one
+// only decided on), locked in SKU order first (LockStockForTaking). If one
 // of them changed otherwise, it fails (expect_rows) and so does the
 // transaction, even when its COMMIT was sent with it.
 func (q *Queries) TakeStock(ctx context.Context, db DBTX, arg TakeStockParams) error {

@@ -83,8 +83,8 @@ type DebitWalletsAsReadParams struct {
 // decision made on the balances as read holds on the balances as they are:
 // a balance that only shrank rejects whatever it rejected before, and the
 // orders it paid are covered. The caller passes every wallet it read
-// (amount 0 for those it only decided on), in key order, the order the
-// rows are locked in. If one of them changed otherwise, it fails
+// (amount 0 for those it only decided on), locked in key order first
+// (LockWalletsForDebit). If one of them changed otherwise, it fails
 // (expect_rows) and so does the transaction, even when its COMMIT was sent
 // with it.
 func (q *Queries) DebitWalletsAsRead(ctx context.Context, db DBTX, arg DebitWalletsAsReadParams) error {
@@ -144,6 +144,22 @@ func (q *Queries) LockWallets(ctx context.Context, db DBTX, customerIds []string
 		return nil, err
 	}
 	return items, nil
+}
+
+const lockWalletsForDebit = `-- name: LockWalletsForDebit :exec
+SELECT 1
+FROM wallets
+WHERE customer_id = ANY ($1::text[])
+ORDER BY customer_id
+FOR UPDATE
+`
+
+// LockWallets for a pipeline, ahead of DebitWalletsAsRead: the debit's own
+// plan (a hash join over a scan, for a small table) would lock the rows in
+// the order it finds them, and two batches could then deadlock.
+func (q *Queries) LockWalletsForDebit(ctx context.Context, db DBTX, customerIds []string) error {
+	_, err := db.Exec(ctx, lockWalletsForDebit, customerIds)
+	return err
 }
 
 const readWallets = `-- name: ReadWallets :many
