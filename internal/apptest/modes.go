@@ -2,7 +2,6 @@ package apptest
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -113,31 +112,6 @@ func ApplyBatch(ctx context.Context, tx pgx.Tx, batch inbox.BatchHandler, evs []
 		return err
 	}
 	return writes.Send(ctx, tx)
-}
-
-// CommitBatch runs batch for evs in a transaction of pool as the inbox
-// does, its queued writes sent with the COMMIT, and calls meanwhile, from
-// outside the transaction, after the handler returned and before the
-// COMMIT: what another transaction does while a batch decides. It returns
-// the handler's or the COMMIT's error.
-func CommitBatch(ctx context.Context, pool *pgxpool.Pool, batch inbox.BatchHandler, evs []event.Envelope, meanwhile func() error) error {
-	begin := postgres.BeginWith(pool)
-	defer begin.End(ctx)
-	if _, err := begin.Exec(ctx, "SELECT 1"); err != nil { // the inbox's claim
-		return err
-	}
-	tx, err := begin.Tx()
-	if err != nil {
-		return err
-	}
-	var writes postgres.Pipeline
-	if err := batch(ctx, tx, evs, &writes); err != nil {
-		return err
-	}
-	if err := meanwhile(); err != nil {
-		return fmt.Errorf("meanwhile: %w", err)
-	}
-	return begin.Commit(ctx, &writes)
 }
 
 // RequireSameRows requires every query to return the same rows, and some,

@@ -23,17 +23,12 @@ import (
 // five statements and one round trip whatever the batch size, plus its
 // writes, which go with the inbox's COMMIT.
 //
-// It reads the stock rows of every SKU of the batch once, without locking
-// them, decides each order in event order in Go against the stock the
+// It locks the stock rows of every SKU of the batch once, in SKU order (the
+// order HandlePaymentDebited locks in, so neither form can deadlock the
+// other), decides each order in event order in Go against the stock the
 // orders before it left, and then writes the net decrement per SKU, the
 // reservations, their lines and the outcome events with one statement each,
-// queued on writes. The decrement locks the rows first, in SKU order, the
-// order HandlePaymentDebited locks in, so neither form can deadlock the
-// other, and fails the batch unless every SKU it read still covers what
-// the batch takes and has not grown (TakeStock): then the decisions are
-// the ones the stock as it is would give. So the rows are locked from the
-// batch's last round trip to its commit, not from its second: another
-// batch over the same SKUs, or an order handled alone, waits for less.
+// queued on writes.
 //
 // It does not look up whether an order was decided before: only an event
 // re-emitted under a new id (never the case in this saga; a redelivery
@@ -57,11 +52,10 @@ func (s *Service) HandlePaymentDebitedBatch(ctx context.Context, tx pgx.Tx, evs 
 		}
 	}
 
-	// Read, not locked: TakeStock fails the batch unless its decisions
-	// still hold when it writes (see TakeStock).
-	stock, err := s.queries.ReadStock(ctx, tx, slices.Sorted(maps.Keys(allSKUs)))
+	// Locking before deciding makes the decisions hold until commit.
+	stock, err := s.queries.LockStock(ctx, tx, slices.Sorted(maps.Keys(allSKUs)))
 	if err != nil {
-		return fmt.Errorf("read stock of %d skus: %w", len(allSKUs), err)
+		return fmt.Errorf("lock stock of %d skus: %w", len(allSKUs), err)
 	}
 	available := make(map[string]int64, len(stock))
 	for _, row := range stock {
@@ -112,7 +106,7 @@ func (s *Service) HandlePaymentDebitedBatch(ctx context.Context, tx pgx.Tx, evs 
 	}
 
 	// The writes need no answer from each other: they go with the COMMIT.
-	if err := s.takeStock(ctx, writes, stock, taken); err != nil {
+	if err := s.decrementStock(ctx, writes, taken); err != nil {
 		return err
 	}
 	if err := s.insertReservations(ctx, writes, reservations); err != nil {
@@ -126,26 +120,21 @@ func (s *Service) HandlePaymentDebitedBatch(ctx context.Context, tx pgx.Tx, evs 
 	return outbox.QueueBatch(ctx, writes, emitted)
 }
 
-// takeStock queues the net decrement of each SKU read, zero for those the
-// batch only decided on, in SKU order. It fails the batch if one of them
-// changed other than by shrinking within what the batch takes.
-func (s *Service) takeStock(ctx context.Context, writes *postgres.Pipeline, read []dbsqlc.ReadStockRow, taken map[string]int64) error {
-	if len(read) == 0 {
+// decrementStock queues the net decrement of each SKU, in SKU order.
+func (s *Service) decrementStock(ctx context.Context, writes *postgres.Pipeline, taken map[string]int64) error {
+	if len(taken) == 0 {
 		return nil
 	}
-	arg := dbsqlc.TakeStockParams{
-		Skus:       make([]string, len(read)),
-		Quantities: make([]int64, len(read)),
-		Seen:       make([]int64, len(read)),
+	arg := dbsqlc.DecrementStockParams{Skus: slices.Sorted(maps.Keys(taken))}
+	arg.Quantities = make([]int64, len(arg.Skus))
+	for i, sku := range arg.Skus {
+		arg.Quantities[i] = taken[sku]
 	}
-	for i, row := range read {
-		arg.Skus[i], arg.Quantities[i], arg.Seen[i] = row.Sku, taken[row.Sku], row.Available
-	}
-	if err := s.queries.LockStockForTaking(ctx, writes, arg.Skus); err != nil {
-		return fmt.Errorf("lock stock of %d skus: %w", len(arg.Skus), err)
-	}
-	if err := s.queries.TakeStock(ctx, writes, arg); err != nil {
-		return fmt.Errorf("take stock of %d skus: %w", len(arg.Skus), err)
+	// The rows are locked and were checked: a SKU left out cannot happen
+	// unless the schema or the locking is broken, and then the statement
+	// fails.
+	if err := s.queries.DecrementStock(ctx, writes, arg); err != nil {
+		return fmt.Errorf("decrement stock of %d skus: %w", len(arg.Skus), err)
 	}
 	return nil
 }

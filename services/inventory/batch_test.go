@@ -66,58 +66,6 @@ func TestPaymentDebitedBatchEqualsEventByEvent(t *testing.T) {
 	}
 }
 
-// A batch reads the stock without locking it; what other transactions do
-// to it before the batch's writes decides whether they commit. Stock that
-// only shrank, and still covers the batch, leaves its decisions as they
-// were; stock that grew, or no longer covers what it takes, fails the
-// writes, and the inbox then runs the batch event by event.
-func TestPaymentDebitedBatchTakesStockOnlyAsItDecided(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name      string
-		meanwhile int64 // apple's stock, set between the batch's read and its writes
-		commits   bool
-	}{
-		{name: "unchanged", meanwhile: 10, commits: true},
-		{name: "shrank, still covering", meanwhile: 4, commits: true},
-		{name: "shrank below what it takes", meanwhile: 2, commits: false},
-		{name: "grew: the rejection may not hold", meanwhile: 30, commits: false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			ctx := t.Context()
-			db := testenv.NewServiceDatabase(t, inventory.Name)
-			_, err := db.Pool.Exec(ctx, `INSERT INTO stock (sku, available) VALUES ('apple', 10), ('pear', 5)`)
-			require.NoError(t, err)
-			// Three apples fit, twenty do not; the pear is decided on by
-			// the rejected order only.
-			evs := []event.Envelope{
-				paymentDebited(t, line("apple", 3)),
-				paymentDebited(t, line("apple", 20), line("pear", 1)),
-			}
-
-			err = apptest.CommitBatch(ctx, db.Pool, inventory.New(db.Pool).HandlePaymentDebitedBatch, evs, func() error {
-				// The batch holds no lock on the stock before its writes.
-				_, err := db.Pool.Exec(ctx, `UPDATE stock SET available = $1 WHERE sku = 'apple'`, tc.meanwhile)
-				return err
-			})
-
-			var apple, pear, reservations int64
-			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT
-				(SELECT available FROM stock WHERE sku = 'apple'),
-				(SELECT available FROM stock WHERE sku = 'pear'),
-				(SELECT count(*) FROM reservations)`).Scan(&apple, &pear, &reservations))
-			if !tc.commits {
-				require.ErrorContains(t, err, "TakeStock: stock changed since it was read: 1 rows affected, 2 expected")
-				require.Equal(t, []int64{tc.meanwhile, 5, 0}, []int64{apple, pear, reservations}, "nothing committed")
-				return
-			}
-			require.NoError(t, err)
-			require.Equal(t, []int64{tc.meanwhile - 3, 5, 2}, []int64{apple, pear, reservations})
-		})
-	}
-}
-
 // stockedSKUs are the SKUs the random sequences find in stock; "ghost" is
 // never stocked.
 var stockedSKUs = []string{"a", "b", "c", "d", "e"}

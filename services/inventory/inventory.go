@@ -67,15 +67,11 @@ func (s *Service) HandlePaymentDebited(ctx context.Context, tx pgx.Tx, ev event.
 		return emit(ctx, tx, ev, event.StockRejected, event.StockRejectedV1{Order: p.Order, AmountCents: p.AmountCents, Reason: reason})
 	}
 
-	n, err = s.queries.DecrementStock(ctx, tx, dbsqlc.DecrementStockParams{Skus: skus, Quantities: quantities})
-	if err != nil {
+	// The rows are locked and were checked: a SKU left out cannot happen
+	// unless the schema or the locking is broken, and then the statement
+	// fails rather than reserve part of the order.
+	if err := s.queries.DecrementStock(ctx, tx, dbsqlc.DecrementStockParams{Skus: skus, Quantities: quantities}); err != nil {
 		return fmt.Errorf("decrement stock for order %s: %w", p.OrderID, err)
-	}
-	if n != int64(len(skus)) {
-		// The rows are locked and were checked: this cannot happen unless
-		// the schema or the locking is broken. Roll back rather than reserve
-		// part of the order.
-		return fmt.Errorf("decrement stock for order %s: %d of %d skus updated", p.OrderID, n, len(skus))
 	}
 	if err := s.queries.InsertReservationLines(ctx, tx, dbsqlc.InsertReservationLinesParams{OrderID: p.OrderID, Skus: skus, Quantities: quantities}); err != nil {
 		return fmt.Errorf("record reservation lines of order %s: %w", p.OrderID, err)

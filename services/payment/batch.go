@@ -23,17 +23,12 @@ import (
 // and one round trip whatever the batch size, plus its writes, which go with
 // the inbox's COMMIT.
 //
-// It reads the batch's wallets once, without locking them, decides every
-// order in event order in Go — a wallet whose balance cannot cover all its
-// orders still pays, in order, those that fit, exactly as one debit after
-// the other would — and then writes the net debit per wallet, the payments
-// and the outcome events with one statement each, queued on writes. The
-// debit locks the wallets first, in key order (so that concurrent batches
-// cannot deadlock), and fails the batch unless every balance it read still
-// covers what the batch takes and has not grown, by a refund or a credit
-// in between (DebitWalletsAsRead): then the decisions are the ones the
-// balances as they are would give. So the wallets are locked from the
-// batch's last round trip to its commit, not from its second.
+// It locks the batch's wallets once, in key order (so that concurrent
+// batches cannot deadlock), decides every order in event order in Go —
+// a wallet whose balance cannot cover all its orders still pays, in order,
+// those that fit, exactly as one debit after the other would — and then
+// writes the net debit per wallet, the payments and the outcome events with
+// one statement each, queued on writes.
 //
 // It does not look up whether an order was paid before: only an event
 // re-emitted under a new id (never the case in this saga; a redelivery
@@ -55,11 +50,9 @@ func (s *Service) HandleOrderPlacedBatch(ctx context.Context, tx pgx.Tx, evs []e
 		customers[placed[i].CustomerID] = true
 	}
 
-	// Read, not locked: DebitWalletsAsRead fails the batch unless its
-	// decisions still hold when it writes.
-	wallets, err := s.queries.ReadWallets(ctx, tx, slices.Sorted(maps.Keys(customers)))
+	wallets, err := s.queries.LockWallets(ctx, tx, slices.Sorted(maps.Keys(customers)))
 	if err != nil {
-		return fmt.Errorf("read wallets of %d customers: %w", len(customers), err)
+		return fmt.Errorf("lock wallets of %d customers: %w", len(customers), err)
 	}
 	balance := make(map[string]int64, len(wallets))
 	for _, w := range wallets {
@@ -107,7 +100,7 @@ func (s *Service) HandleOrderPlacedBatch(ctx context.Context, tx pgx.Tx, evs []e
 	}
 
 	// The writes need no answer from each other: they go with the COMMIT.
-	if err := s.debitWallets(ctx, writes, wallets, debits); err != nil {
+	if err := s.debitWallets(ctx, writes, debits); err != nil {
 		return err
 	}
 	if err := s.insertPayments(ctx, writes, payments); err != nil {
@@ -116,26 +109,21 @@ func (s *Service) HandleOrderPlacedBatch(ctx context.Context, tx pgx.Tx, evs []e
 	return outbox.QueueBatch(ctx, writes, emitted)
 }
 
-// debitWallets queues the net debit of each wallet read, zero for those the
-// batch only decided on, in key order. It fails the batch if one of them
-// changed other than by shrinking within what the batch takes.
-func (s *Service) debitWallets(ctx context.Context, writes *postgres.Pipeline, read []dbsqlc.ReadWalletsRow, debits map[string]int64) error {
-	if len(read) == 0 {
+// debitWallets queues the net debit of each wallet, in key order.
+func (s *Service) debitWallets(ctx context.Context, writes *postgres.Pipeline, debits map[string]int64) error {
+	if len(debits) == 0 {
 		return nil
 	}
-	arg := dbsqlc.DebitWalletsAsReadParams{
-		CustomerIds: make([]string, len(read)),
-		Amounts:     make([]int64, len(read)),
-		Seen:        make([]int64, len(read)),
+	arg := dbsqlc.DebitWalletsParams{CustomerIds: slices.Sorted(maps.Keys(debits))}
+	arg.Amounts = make([]int64, len(arg.CustomerIds))
+	for i, id := range arg.CustomerIds {
+		arg.Amounts[i] = debits[id]
 	}
-	for i, w := range read {
-		arg.CustomerIds[i], arg.Amounts[i], arg.Seen[i] = w.CustomerID, debits[w.CustomerID], w.BalanceCents
-	}
-	if err := s.queries.LockWalletsForDebit(ctx, writes, arg.CustomerIds); err != nil {
-		return fmt.Errorf("lock %d wallets: %w", len(read), err)
-	}
-	if err := s.queries.DebitWalletsAsRead(ctx, writes, arg); err != nil {
-		return fmt.Errorf("debit %d wallets: %w", len(read), err)
+	// The wallets are locked and their balances were checked: a wallet
+	// left out cannot happen unless the schema or the locking is broken,
+	// and then the statement fails.
+	if err := s.queries.DebitWallets(ctx, writes, arg); err != nil {
+		return fmt.Errorf("debit %d wallets: %w", len(debits), err)
 	}
 	return nil
 }

@@ -67,56 +67,6 @@ func TestOrderPlacedBatchEqualsEventByEvent(t *testing.T) {
 	}
 }
 
-// A batch reads the wallets without locking them; what other transactions
-// do to them before the batch's writes decides whether they commit. A
-// balance that only shrank, and still covers the batch, leaves its
-// decisions as they were; one that grew (a refund, a credit), or no longer
-// covers what it takes, fails the writes, and the inbox then runs the
-// batch event by event.
-func TestOrderPlacedBatchDebitsOnlyAsItDecided(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name      string
-		meanwhile int64 // alice's balance, set between the batch's read and its writes
-		commits   bool
-	}{
-		{name: "unchanged", meanwhile: 1000, commits: true},
-		{name: "shrank, still covering", meanwhile: 400, commits: true},
-		{name: "shrank below what it takes", meanwhile: 200, commits: false},
-		{name: "grew: the rejection may not hold", meanwhile: 5000, commits: false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			ctx := t.Context()
-			db := testenv.NewServiceDatabase(t, payment.Name)
-			_, err := db.Pool.Exec(ctx, `INSERT INTO wallets (customer_id, balance_cents) VALUES ('alice', 1000), ('bob', 50)`)
-			require.NoError(t, err)
-			// 300 fits, 2000 does not; bob's wallet is decided on by his
-			// rejected order only.
-			evs := []event.Envelope{orderPlaced(t, "alice", 300), orderPlaced(t, "alice", 2000), orderPlaced(t, "bob", 60)}
-
-			err = apptest.CommitBatch(ctx, db.Pool, payment.New(db.Pool).HandleOrderPlacedBatch, evs, func() error {
-				// The batch holds no lock on the wallets before its writes.
-				_, err := db.Pool.Exec(ctx, `UPDATE wallets SET balance_cents = $1 WHERE customer_id = 'alice'`, tc.meanwhile)
-				return err
-			})
-
-			var alice, bob, payments int64
-			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT
-				(SELECT balance_cents FROM wallets WHERE customer_id = 'alice'),
-				(SELECT balance_cents FROM wallets WHERE customer_id = 'bob'),
-				(SELECT count(*) FROM payments)`).Scan(&alice, &bob, &payments))
-			if !tc.commits {
-				require.ErrorContains(t, err, "DebitWalletsAsRead: balances changed since they were read: 1 rows affected, 2 expected")
-				require.Equal(t, []int64{tc.meanwhile, 50, 0}, []int64{alice, bob, payments}, "nothing committed")
-				return
-			}
-			require.NoError(t, err)
-			require.Equal(t, []int64{tc.meanwhile - 300, 50, 3}, []int64{alice, bob, payments})
-		})
-	}
-}
-
 // randomOrders returns n OrderPlaced events of customers c0 to c5; about one
 // in forty re-emits an earlier order under a new event id.
 func randomOrders(t *testing.T, rng *rand.Rand, n int) []event.Envelope {

@@ -37,44 +37,17 @@ WHERE customer_id = ANY (@customer_ids::text[])
 ORDER BY customer_id
 FOR UPDATE;
 
--- name: ReadWallets :many
--- The wallets of customer_ids that exist, not locked: a set-based batch
--- decides on the balances it read and then debits them with
--- DebitWalletsAsRead, which fails unless the decisions still hold.
-SELECT customer_id, balance_cents
-FROM wallets
-WHERE customer_id = ANY (@customer_ids::text[])
-ORDER BY customer_id;
-
--- name: LockWalletsForDebit :exec
--- LockWallets for a pipeline, ahead of DebitWalletsAsRead: the debit's own
--- plan (a hash join over a scan, for a small table) would lock the rows in
--- the order it finds them, and two batches could then deadlock.
-SELECT 1
-FROM wallets
-WHERE customer_id = ANY (@customer_ids::text[])
-ORDER BY customer_id
-FOR UPDATE;
-
--- name: DebitWalletsAsRead :exec
--- Takes amounts[i] from customer_ids[i], each only if the balance still
--- covers it and has not grown since it was read as seen[i]. Then every
--- decision made on the balances as read holds on the balances as they are:
--- a balance that only shrank rejects whatever it rejected before, and the
--- orders it paid are covered. The caller passes every wallet it read
--- (amount 0 for those it only decided on), locked in key order first
--- (LockWalletsForDebit). If one of them changed otherwise, it fails
--- (expect_rows) and so does the transaction, even when its COMMIT was sent
--- with it.
+-- name: DebitWallets :exec
+-- Takes amounts[i] from customer_ids[i], each only if the balance covers it.
+-- The caller locked the wallets and checked the balances, so every wallet
+-- is debited; if one is not, the schema or the locking is broken, and the
+-- statement fails on the server (expect_rows), so that a COMMIT sent with
+-- it in one round trip commits nothing.
 WITH debited AS (
     UPDATE wallets
     SET balance_cents = wallets.balance_cents - d.amount, updated_at = now()
-    FROM (
-        SELECT unnest(@customer_ids::text[]) AS customer_id, unnest(@amounts::bigint[]) AS amount, unnest(@seen::bigint[]) AS seen
-    ) AS d
-    WHERE wallets.customer_id = d.customer_id
-      AND wallets.balance_cents >= d.amount
-      AND wallets.balance_cents <= d.seen
+    FROM (SELECT unnest(@customer_ids::text[]) AS customer_id, unnest(@amounts::bigint[]) AS amount) AS d
+    WHERE wallets.customer_id = d.customer_id AND wallets.balance_cents >= d.amount
     RETURNING wallets.customer_id
 )
-SELECT expect_rows((SELECT count(*) FROM debited), cardinality(@customer_ids::text[]), 'DebitWalletsAsRead: balances changed since they were read');
+SELECT expect_rows((SELECT count(*) FROM debited), cardinality(@customer_ids::text[]), 'DebitWallets');

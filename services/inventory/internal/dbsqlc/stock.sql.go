@@ -9,11 +9,15 @@ import (
 	"context"
 )
 
-const decrementStock = `-- name: DecrementStock :execrows
-UPDATE stock
-SET available = stock.available - want.quantity, updated_at = now()
-FROM (SELECT unnest($1::text[]) AS sku, unnest($2::bigint[]) AS quantity) AS want
-WHERE stock.sku = want.sku AND stock.available >= want.quantity
+const decrementStock = `-- name: DecrementStock :exec
+WITH taken AS (
+    UPDATE stock
+    SET available = stock.available - want.quantity, updated_at = now()
+    FROM (SELECT unnest($1::text[]) AS sku, unnest($2::bigint[]) AS quantity) AS want
+    WHERE stock.sku = want.sku AND stock.available >= want.quantity
+    RETURNING stock.sku
+)
+SELECT expect_rows((SELECT count(*) FROM taken), cardinality($1::text[]), 'DecrementStock')
 `
 
 type DecrementStockParams struct {
@@ -21,14 +25,14 @@ type DecrementStockParams struct {
 	Quantities []int64
 }
 
-// Takes quantities[i] from skus[i], each only if it is available; the caller
-// compares the rows affected with len(skus).
-func (q *Queries) DecrementStock(ctx context.Context, db DBTX, arg DecrementStockParams) (int64, error) {
-	result, err := db.Exec(ctx, decrementStock, arg.Skus, arg.Quantities)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+// Takes quantities[i] from skus[i], each only if it is available. The
+// caller locked the rows and checked the stock, so every SKU is taken; if
+// one is not, the schema or the locking is broken, and the statement fails
+// on the server (expect_rows), so that a COMMIT sent with it in one round
+// trip commits nothing.
+func (q *Queries) DecrementStock(ctx context.Context, db DBTX, arg DecrementStockParams) error {
+	_, err := db.Exec(ctx, decrementStock, arg.Skus, arg.Quantities)
+	return err
 }
 
 const getStock = `-- name: GetStock :one
@@ -81,58 +85,6 @@ func (q *Queries) LockStock(ctx context.Context, db DBTX, skus []string) ([]Lock
 	return items, nil
 }
 
-const lockStockForTaking = `-- name: LockStockForTaking :exec
-SELECT 1
-FROM stock
-WHERE sku = ANY ($1::text[])
-ORDER BY sku
-FOR UPDATE
-`
-
-// LockStock for a pipeline, ahead of TakeStock: the update's own plan (a
-// hash join over a scan, for a small table) would lock the rows in the
-// order it finds them, and two batches could then deadlock.
-func (q *Queries) LockStockForTaking(ctx context.Context, db DBTX, skus []string) error {
-	_, err := db.Exec(ctx, lockStockForTaking, skus)
-	return err
-}
-
-const readStock = `-- name: ReadStock :many
-SELECT sku, available
-FROM stock
-WHERE sku = ANY ($1::text[])
-ORDER BY sku
-`
-
-type ReadStockRow struct {
-	Sku       string
-	Available int64
-}
-
-// The stock rows of skus that exist, in SKU order, not locked: a set-based
-// batch decides on what it read and then takes the stock with TakeStock,
-// which fails unless the decisions still hold. Other batches meanwhile
-// wait only for the batch's writes and commit, not for its decisions.
-func (q *Queries) ReadStock(ctx context.Context, db DBTX, skus []string) ([]ReadStockRow, error) {
-	rows, err := db.Query(ctx, readStock, skus)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []ReadStockRow{}
-	for rows.Next() {
-		var i ReadStockRow
-		if err := rows.Scan(&i.Sku, &i.Available); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const setStock = `-- name: SetStock :one
 INSERT INTO stock (sku, available)
 VALUES ($1, $2)
@@ -157,38 +109,4 @@ func (q *Queries) SetStock(ctx context.Context, db DBTX, arg SetStockParams) (Se
 	var i SetStockRow
 	err := row.Scan(&i.Sku, &i.Available)
 	return i, err
-}
-
-const takeStock = `-- name: TakeStock :exec
-WITH taken AS (
-    UPDATE stock
-    SET available = stock.available - want.quantity, updated_at = now()
-    FROM (
-        SELECT unnest($1::text[]) AS sku, unnest($2::bigint[]) AS quantity, unnest($3::bigint[]) AS seen
-    ) AS want
-    WHERE stock.sku = want.sku
-      AND stock.available >= want.quantity
-      AND stock.available <= want.seen
-    RETURNING stock.sku
-)
-SELECT expect_rows((SELECT count(*) FROM taken), cardinality($1::text[]), 'TakeStock: stock changed since it was read')
-`
-
-type TakeStockParams struct {
-	Skus       []string
-	Quantities []int64
-	Seen       []int64
-}
-
-// Takes quantities[i] from skus[i], each only if the stock still covers it
-// and has not grown since it was read as seen[i]. Then every decision made
-// on the stock as read holds on the stock as it is: stock that only
-// shrank rejects whatever it rejected before, and an order it reserved is
-// covered. The caller passes every SKU it read (quantity 0 for those it
-// only decided on), locked in SKU order first (LockStockForTaking). If one
-// of them changed otherwise, it fails (expect_rows) and so does the
-// transaction, even when its COMMIT was sent with it.
-func (q *Queries) TakeStock(ctx context.Context, db DBTX, arg TakeStockParams) error {
-	_, err := db.Exec(ctx, takeStock, arg.Skus, arg.Quantities, arg.Seen)
-	return err
 }

@@ -57,38 +57,29 @@ func (q *Queries) DebitWallet(ctx context.Context, db DBTX, arg DebitWalletParam
 	return balance_cents, err
 }
 
-const debitWalletsAsRead = `-- name: DebitWalletsAsRead :exec
+const debitWallets = `-- name: DebitWallets :exec
 WITH debited AS (
     UPDATE wallets
     SET balance_cents = wallets.balance_cents - d.amount, updated_at = now()
-    FROM (
-        SELECT unnest($1::text[]) AS customer_id, unnest($2::bigint[]) AS amount, unnest($3::bigint[]) AS seen
-    ) AS d
-    WHERE wallets.customer_id = d.customer_id
-      AND wallets.balance_cents >= d.amount
-      AND wallets.balance_cents <= d.seen
+    FROM (SELECT unnest($1::text[]) AS customer_id, unnest($2::bigint[]) AS amount) AS d
+    WHERE wallets.customer_id = d.customer_id AND wallets.balance_cents >= d.amount
     RETURNING wallets.customer_id
 )
-SELECT expect_rows((SELECT count(*) FROM debited), cardinality($1::text[]), 'DebitWalletsAsRead: balances changed since they were read')
+SELECT expect_rows((SELECT count(*) FROM debited), cardinality($1::text[]), 'DebitWallets')
 `
 
-type DebitWalletsAsReadParams struct {
+type DebitWalletsParams struct {
 	CustomerIds []string
 	Amounts     []int64
-	Seen        []int64
 }
 
-// Takes amounts[i] from customer_ids[i], each only if the balance still
-// covers it and has not grown since it was read as seen[i]. Then every
-// decision made on the balances as read holds on the balances as they are:
-// a balance that only shrank rejects whatever it rejected before, and the
-// orders it paid are covered. The caller passes every wallet it read
-// (amount 0 for those it only decided on), locked in key order first
-// (LockWalletsForDebit). If one of them changed otherwise, it fails
-// (expect_rows) and so does the transaction, even when its COMMIT was sent
-// with it.
-func (q *Queries) DebitWalletsAsRead(ctx context.Context, db DBTX, arg DebitWalletsAsReadParams) error {
-	_, err := db.Exec(ctx, debitWalletsAsRead, arg.CustomerIds, arg.Amounts, arg.Seen)
+// Takes amounts[i] from customer_ids[i], each only if the balance covers it.
+// The caller locked the wallets and checked the balances, so every wallet
+// is debited; if one is not, the schema or the locking is broken, and the
+// statement fails on the server (expect_rows), so that a COMMIT sent with
+// it in one round trip commits nothing.
+func (q *Queries) DebitWallets(ctx context.Context, db DBTX, arg DebitWalletsParams) error {
+	_, err := db.Exec(ctx, debitWallets, arg.CustomerIds, arg.Amounts)
 	return err
 }
 
@@ -135,57 +126,6 @@ func (q *Queries) LockWallets(ctx context.Context, db DBTX, customerIds []string
 	items := []LockWalletsRow{}
 	for rows.Next() {
 		var i LockWalletsRow
-		if err := rows.Scan(&i.CustomerID, &i.BalanceCents); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const lockWalletsForDebit = `-- name: LockWalletsForDebit :exec
-SELECT 1
-FROM wallets
-WHERE customer_id = ANY ($1::text[])
-ORDER BY customer_id
-FOR UPDATE
-`
-
-// LockWallets for a pipeline, ahead of DebitWalletsAsRead: the debit's own
-// plan (a hash join over a scan, for a small table) would lock the rows in
-// the order it finds them, and two batches could then deadlock.
-func (q *Queries) LockWalletsForDebit(ctx context.Context, db DBTX, customerIds []string) error {
-	_, err := db.Exec(ctx, lockWalletsForDebit, customerIds)
-	return err
-}
-
-const readWallets = `-- name: ReadWallets :many
-SELECT customer_id, balance_cents
-FROM wallets
-WHERE customer_id = ANY ($1::text[])
-ORDER BY customer_id
-`
-
-type ReadWalletsRow struct {
-	CustomerID   string
-	BalanceCents int64
-}
-
-// The wallets of customer_ids that exist, not locked: a set-based batch
-// decides on the balances it read and then debits them with
-// DebitWalletsAsRead, which fails unless the decisions still hold.
-func (q *Queries) ReadWallets(ctx context.Context, db DBTX, customerIds []string) ([]ReadWalletsRow, error) {
-	rows, err := db.Query(ctx, readWallets, customerIds)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []ReadWalletsRow{}
-	for rows.Next() {
-		var i ReadWalletsRow
 		if err := rows.Scan(&i.CustomerID, &i.BalanceCents); err != nil {
 			return nil, err
 		}
