@@ -61,23 +61,6 @@ func TestBeginWithOpensTheTransactionOfItsStatement(t *testing.T) {
 	require.Equal(t, 3, count())
 	require.Zero(t, db.Pool.Stat().AcquiredConns(), "the connection is back")
 
-	// A row count is checked on the server (expect_rows, in the platform
-	// migrations): the check fails the transaction before the COMMIT sent
-	// with it runs, which a count compared by the client could not.
-	b = postgres.BeginWith(db.Pool)
-	_, err = b.Exec(ctx, "INSERT INTO effects VALUES (7)")
-	require.NoError(t, err)
-	_, err = b.Tx()
-	require.NoError(t, err)
-	writes = postgres.Pipeline{}
-	exec(t, &writes, "INSERT INTO effects VALUES (8)")
-	exec(t, &writes, `-- name: Short :exec
-WITH changed AS (UPDATE effects SET n = n WHERE n = 99 RETURNING n)
-SELECT expect_rows((SELECT count(*) FROM changed), 1, 'Short')`)
-	require.ErrorContains(t, b.Commit(ctx, &writes), "Short: ERROR: Short: 0 rows affected, 1 expected (SQLSTATE 40001)")
-	b.End(ctx)
-	require.Equal(t, 3, count())
-
 	// A statement failed and its error was ignored: COMMIT rolls back, and
 	// Commit says so.
 	b = postgres.BeginWith(db.Pool)

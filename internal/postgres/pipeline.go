@@ -19,10 +19,9 @@ import (
 // A queued statement has not run when its method returns: the method
 // reports no error and no rows affected. Send reports the first statement
 // that failed, and CountInto reports a row count. A check of what a
-// statement did belongs in the statement, so that it fails on the server:
-// a COMMIT sent in the same round trip (TxStart.Commit) has run by the
-// time the client could compare (see expect_rows in the platform
-// migrations).
+// statement did belongs on the server (a constraint, a condition that
+// fails the statement): a COMMIT sent in the same round trip
+// (TxStart.Commit) has run by the time the client could compare.
 type Pipeline struct {
 	batch pgx.Batch
 	into  []*int64 // per statement, where to report its row count, or nil

@@ -132,6 +132,7 @@ func (t *WriteBehindTx) Exec(ctx context.Context, sql string, args ...any) (pgco
 	return t.then().Exec(ctx, sql, args...)
 }
 
+// Query sends sql after the queued statements.
 func (t *WriteBehindTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if t.err != nil {
 		return nil, t.err
@@ -139,6 +140,7 @@ func (t *WriteBehindTx) Query(ctx context.Context, sql string, args ...any) (pgx
 	return t.then().Query(ctx, sql, args...)
 }
 
+// QueryRow sends sql after the queued statements.
 func (t *WriteBehindTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if t.err != nil {
 		return errRow{t.err}
@@ -174,15 +176,13 @@ func (t *WriteBehindTx) Begin(ctx context.Context) (pgx.Tx, error) {
 
 // flushed is flush, or the failure kept from before.
 func (t *WriteBehindTx) flushed(ctx context.Context) error {
-	if t.err != nil {
-		return t.err
+	if t.err == nil {
+		err := t.flush(ctx)
+		if t.err == nil {
+			return err // nil, or a failure that was no statement's
+		}
 	}
-	if err := t.flush(ctx); err != nil && t.err != nil {
-		return t.err
-	} else if err != nil {
-		return err
-	}
-	return nil
+	return t.err
 }
 
 // errBatch is the results of a batch that was not sent.

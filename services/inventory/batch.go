@@ -130,9 +130,9 @@ func (s *Service) decrementStock(ctx context.Context, writes *postgres.Pipeline,
 	for i, sku := range arg.Skus {
 		arg.Quantities[i] = taken[sku]
 	}
-	// The rows are locked and were checked: a SKU left out cannot happen
-	// unless the schema or the locking is broken, and then the statement
-	// fails.
+	// The rows are locked and were checked: stock that does not cover its
+	// decrement cannot happen unless the locking is broken, and then the
+	// stock's CHECK fails the statement.
 	if err := s.queries.DecrementStock(ctx, writes, arg); err != nil {
 		return fmt.Errorf("decrement stock of %d skus: %w", len(arg.Skus), err)
 	}

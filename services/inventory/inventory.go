@@ -67,9 +67,9 @@ func (s *Service) HandlePaymentDebited(ctx context.Context, tx pgx.Tx, ev event.
 		return emit(ctx, tx, ev, event.StockRejected, event.StockRejectedV1{Order: p.Order, AmountCents: p.AmountCents, Reason: reason})
 	}
 
-	// The rows are locked and were checked: a SKU left out cannot happen
-	// unless the schema or the locking is broken, and then the statement
-	// fails rather than reserve part of the order.
+	// The rows are locked and were checked: stock that does not cover the
+	// order cannot happen unless the locking is broken, and then the
+	// stock's CHECK fails the statement rather than oversell.
 	if err := s.queries.DecrementStock(ctx, tx, dbsqlc.DecrementStockParams{Skus: skus, Quantities: quantities}); err != nil {
 		return fmt.Errorf("decrement stock for order %s: %w", p.OrderID, err)
 	}

@@ -119,9 +119,9 @@ func (s *Service) debitWallets(ctx context.Context, writes *postgres.Pipeline, d
 	for i, id := range arg.CustomerIds {
 		arg.Amounts[i] = debits[id]
 	}
-	// The wallets are locked and their balances were checked: a wallet
-	// left out cannot happen unless the schema or the locking is broken,
-	// and then the statement fails.
+	// The wallets are locked and their balances were checked: a balance
+	// that does not cover its debit cannot happen unless the locking is
+	// broken, and then the balance's CHECK fails the statement.
 	if err := s.queries.DebitWallets(ctx, writes, arg); err != nil {
 		return fmt.Errorf("debit %d wallets: %w", len(debits), err)
 	}

@@ -10,14 +10,10 @@ import (
 )
 
 const decrementStock = `-- name: DecrementStock :exec
-WITH taken AS (
-    UPDATE stock
-    SET available = stock.available - want.quantity, updated_at = now()
-    FROM (SELECT unnest($1::text[]) AS sku, unnest($2::bigint[]) AS quantity) AS want
-    WHERE stock.sku = want.sku AND stock.available >= want.quantity
-    RETURNING stock.sku
-)
-SELECT expect_rows((SELECT count(*) FROM taken), cardinality($1::text[]), 'DecrementStock')
+UPDATE stock
+SET available = stock.available - want.quantity, updated_at = now()
+FROM (SELECT unnest($1::text[]) AS sku, unnest($2::bigint[]) AS quantity) AS want
+WHERE stock.sku = want.sku
 `
 
 type DecrementStockParams struct {
@@ -25,11 +21,11 @@ type DecrementStockParams struct {
 	Quantities []int64
 }
 
-// Takes quantities[i] from skus[i], each only if it is available. The
-// caller locked the rows and checked the stock, so every SKU is taken; if
-// one is not, the schema or the locking is broken, and the statement fails
-// on the server (expect_rows), so that a COMMIT sent with it in one round
-// trip commits nothing.
+// Takes quantities[i] from skus[i]. The caller locked the rows and checked
+// that the stock covers the quantities; were it not so, the stock's CHECK
+// fails the statement on the server, and with it a COMMIT sent in the same
+// round trip (a row count compared by the client would come after that
+// COMMIT).
 func (q *Queries) DecrementStock(ctx context.Context, db DBTX, arg DecrementStockParams) error {
 	_, err := db.Exec(ctx, decrementStock, arg.Skus, arg.Quantities)
 	return err

@@ -58,14 +58,10 @@ func (q *Queries) DebitWallet(ctx context.Context, db DBTX, arg DebitWalletParam
 }
 
 const debitWallets = `-- name: DebitWallets :exec
-WITH debited AS (
-    UPDATE wallets
-    SET balance_cents = wallets.balance_cents - d.amount, updated_at = now()
-    FROM (SELECT unnest($1::text[]) AS customer_id, unnest($2::bigint[]) AS amount) AS d
-    WHERE wallets.customer_id = d.customer_id AND wallets.balance_cents >= d.amount
-    RETURNING wallets.customer_id
-)
-SELECT expect_rows((SELECT count(*) FROM debited), cardinality($1::text[]), 'DebitWallets')
+UPDATE wallets
+SET balance_cents = wallets.balance_cents - d.amount, updated_at = now()
+FROM (SELECT unnest($1::text[]) AS customer_id, unnest($2::bigint[]) AS amount) AS d
+WHERE wallets.customer_id = d.customer_id
 `
 
 type DebitWalletsParams struct {
@@ -73,11 +69,11 @@ type DebitWalletsParams struct {
 	Amounts     []int64
 }
 
-// Takes amounts[i] from customer_ids[i], each only if the balance covers it.
-// The caller locked the wallets and checked the balances, so every wallet
-// is debited; if one is not, the schema or the locking is broken, and the
-// statement fails on the server (expect_rows), so that a COMMIT sent with
-// it in one round trip commits nothing.
+// Takes amounts[i] from customer_ids[i]. The caller locked the wallets and
+// checked that their balances cover the amounts; were it not so, the
+// balance's CHECK fails the statement on the server, and with it a COMMIT
+// sent in the same round trip (a row count compared by the client would
+// come after that COMMIT).
 func (q *Queries) DebitWallets(ctx context.Context, db DBTX, arg DebitWalletsParams) error {
 	_, err := db.Exec(ctx, debitWallets, arg.CustomerIds, arg.Amounts)
 	return err
