@@ -48,8 +48,10 @@ WHERE customer_id = $1 AND balance_cents >= $2`
 	// checks the sum.
 	debitExecSQL = "-- name: DebitWallet :exec\n" + debitSQL
 
-	// The input is sorted by customer and the join runs in its order, so
-	// rows are locked in key order.
+	// The set-based debit runs on one connection here. Its plan (a hash
+	// join over a scan of the thousand wallets) locks rows in the order it
+	// finds them, so concurrent batches lock their wallets in key order
+	// first, as payment's do (LockWallets).
 	debitSetSQL = `UPDATE wallets
 SET balance_cents = wallets.balance_cents - d.amount, updated_at = now()
 FROM (SELECT unnest($1::text[]) AS customer_id, unnest($2::bigint[]) AS amount) AS d

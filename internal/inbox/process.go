@@ -294,7 +294,7 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 					return i, herr, nil
 				}
 			}
-			writes = wb.Writes()
+			writes = wb.Writes() // what the last handlers left queued
 		}
 	}
 	if err := begin.Commit(ctx, writes); err != nil {
