@@ -432,9 +432,22 @@ func TestConcurrentOrdersNeverOversell(t *testing.T) {
 	}
 }
 
+// TestOverlappingOrdersDoNotDeadlock runs orders over overlapping SKUs on
+// concurrent transactions, one order each and in set-based batches: both
+// forms lock stock rows in SKU order before they update them, so none
+// waits for another in a cycle and none is retried.
 func TestOverlappingOrdersDoNotDeadlock(t *testing.T) {
 	t.Parallel()
-	svc := start(t, concurrent)
+	for name, configure := range map[string]func(*app.Config){"unbatched": concurrent, "batched": batchedConcurrent} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			overlappingOrders(t, configure)
+		})
+	}
+}
+
+func overlappingOrders(t *testing.T, configure func(*app.Config)) {
+	svc := start(t, configure)
 	skus := []string{"a", "b", "c", "d"}
 	for _, sku := range skus {
 		setStock(t, svc, sku, 1000)
