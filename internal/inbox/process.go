@@ -268,7 +268,7 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 	writes := &postgres.Pipeline{}
 	var writesErr error
 	writes.AfterSend(func(err error) { writesErr = err })
-	wb := postgres.WriteBehind(tx)
+	var wb *postgres.WriteBehindTx // the per-event handlers' transaction
 	if len(fresh) > 0 {
 		if setBased {
 			// The handler's reads are planned for their arguments, its
@@ -279,6 +279,7 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 				return -1, herr, nil
 			}
 		} else {
+			wb = postgres.WriteBehind(tx)
 			for i, d := range ds {
 				if !isNew[d.ev.ID] {
 					continue
@@ -298,9 +299,9 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 		}
 	}
 	if err := begin.Commit(ctx, writes); err != nil {
-		switch werr := wb.Err(); {
-		case werr != nil:
-			return werr.Owner, werr.Err, nil
+		switch {
+		case wb != nil && wb.Err() != nil:
+			return wb.Err().Owner, wb.Err().Err, nil
 		case writesErr != nil:
 			return -1, writesErr, nil // the handler's failure, as if it had sent them
 		}

@@ -508,11 +508,8 @@ func TestLag(t *testing.T) {
 func TestFlushLoopsOverBatches(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	f := setup(t)
-	f.provision(t, 0)
 	const events = 23
-	evs := orderEvents(t, events)
-	enqueue(t, f.db.Pool, evs...)
+	f, evs := pending(t, events)
 
 	r := f.relay(outbox.RelayConfig{BatchSize: 5})
 	batches := 0
@@ -536,11 +533,8 @@ func TestFlushLoopsOverBatches(t *testing.T) {
 func TestFlushSendsEachMarkWithTheNextClaim(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	f := setup(t)
-	f.provision(t, 0)
 	const events = 23
-	evs := orderEvents(t, events)
-	enqueue(t, f.db.Pool, evs...)
+	f, _ := pending(t, events)
 
 	pool, trips := tracedPool(t, f)
 	n, err := outbox.NewRelay(pool, f.js, outbox.RelayConfig{BatchSize: 5}, f.logger).Flush(ctx)
@@ -563,10 +557,8 @@ func TestFlushSendsEachMarkWithTheNextClaim(t *testing.T) {
 func TestRelayRunsGenericPlansWhileItLeads(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	f := setup(t)
-	f.provision(t, 0)
 	const events = 23
-	enqueue(t, f.db.Pool, orderEvents(t, events)...)
+	f, _ := pending(t, events)
 
 	cfg := f.db.Pool.Config()
 	cfg.MaxConns = 1 // the relay's session is the one looked at below
@@ -687,6 +679,17 @@ func awaitSleep(t *testing.T, db *testenv.Database, trips *roundTrips, n int) in
 		return held && len(trips.names()) == len(got)
 	}, 5*time.Second, time.Millisecond, "the relay did not go to sleep: %v", trips)
 	return len(got)
+}
+
+// pending returns a provisioned fixture with n order events waiting in its
+// outbox.
+func pending(t *testing.T, n int) (*fixture, []event.Envelope) {
+	t.Helper()
+	f := setup(t)
+	f.provision(t, 0)
+	evs := orderEvents(t, n)
+	enqueue(t, f.db.Pool, evs...)
+	return f, evs
 }
 
 // tracedPool returns a pool of f's database whose round trips are recorded.
