@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/apptest"
@@ -242,10 +243,14 @@ func TestMailerMetrics(t *testing.T) {
 	svc.Publish(t, ev)
 	awaitSettled(t, svc.DB.Pool, orderID(t, ev))
 
-	metrics := get(t, svc.BaseURL+"/metrics")
-	require.Equal(t, http.StatusOK, metrics.status)
-	require.Contains(t, metrics.body, `onceflow_mailer_sends_total{outcome="sent"} 1`)
-	require.Contains(t, metrics.body, "onceflow_mailer_pending 0")
+	// The mailer counts a send once its mark committed, a moment after the
+	// row reads SENT.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		metrics := get(t, svc.BaseURL+"/metrics")
+		assert.Equal(c, http.StatusOK, metrics.status)
+		assert.Contains(c, metrics.body, `onceflow_mailer_sends_total{outcome="sent"} 1`)
+		assert.Contains(c, metrics.body, "onceflow_mailer_pending 0")
+	}, 10*time.Second, 10*time.Millisecond)
 }
 
 // smtpServer is just enough of an SMTP server to receive e-mails. RCPT is
