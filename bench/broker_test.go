@@ -57,10 +57,10 @@ func BenchmarkBroker(b *testing.B) {
 			js := nb.js(b)
 			provisionOrders(b, js, streams.Orders, "orders.>")
 			msgs := messages(b, envelopes(orderEvents(b, b.N)))
-			b.ResetTimer()
+			m := measure(b)
 			require.NoError(b, publishAll(context.Background(), js, msgs))
-			b.StopTimer()
-			reportRate(b, b.N)
+			m.stop()
+			m.report(b.N)
 		})
 		b.Run(fmt.Sprintf("op=consume/fsync=%s", nb.name), func(b *testing.B) {
 			js := nb.js(b)
@@ -68,7 +68,7 @@ func BenchmarkBroker(b *testing.B) {
 			require.NoError(b, publishAll(context.Background(), js, messages(b, envelopes(orderEvents(b, b.N)))))
 			cons, err := js.Consumer(context.Background(), streams.Orders, benchConsumer)
 			require.NoError(b, err)
-			b.ResetTimer()
+			m := measure(b)
 			for acked := 0; acked < b.N; {
 				msgs, err := fetch(cons, batchSize, time.Second)
 				require.NoError(b, err)
@@ -78,8 +78,8 @@ func BenchmarkBroker(b *testing.B) {
 				acked += len(msgs)
 			}
 			require.NoError(b, js.Conn().Flush())
-			b.StopTimer()
-			reportRate(b, b.N)
+			m.stop()
+			m.report(b.N)
 		})
 	}
 }

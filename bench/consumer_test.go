@@ -75,19 +75,19 @@ type runner interface {
 }
 
 // measureConsumer publishes evs to stream, then times c from its start until
-// count reaches len(evs), and reports events/s.
+// count reaches len(evs), and reports events/s and CPU time per event.
 func measureConsumer(b *testing.B, js jetstream.JetStream, evs []event.Envelope, c runner, count func() int64) {
 	b.Helper()
 	require.NoError(b, publishAll(context.Background(), js, messages(b, evs)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	b.ResetTimer()
+	m := measure(b)
 	go func() { done <- c.Run(ctx) }()
 	awaitCount(b, int64(len(evs)), count)
-	b.StopTimer()
+	m.stop()
 	cancel()
 	require.NoError(b, <-done)
-	reportRate(b, len(evs))
+	m.report(len(evs))
 }
 
 // BenchmarkInbox is the inbox consumer: JetStream → claim → wallet debit →

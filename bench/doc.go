@@ -14,7 +14,9 @@
 // test environment's fast cluster (fsync off) and on a durable local cluster
 // (PostgreSQL's crash-safe defaults): the durable figures are the honest
 // ones. bench/run.sh runs them side by side and prints the ratios against
-// the project's targets (`make bench`); bench/e2e.sh drives `onceflow dev`
-// with loadgen, and bench/ab.sh compares two builds end to end in
-// alternating runs.
+// the project's targets (`make bench`), with each benchmark's CPU time per
+// event (cpu-us/event, the whole machine's: PostgreSQL, NATS and the code
+// measured) and the rate that allows with every core busy; bench/e2e.sh
+// drives `onceflow dev` with loadgen, and bench/ab.sh compares two builds
+// end to end in alternating runs.
 package bench

@@ -102,12 +102,12 @@ func BenchmarkNotifyMailer(b *testing.B) {
 					mailer := notify.NewMailer(pool, sleepSender{latency: lat}, notify.MailerConfig{
 						BatchSize: m.batchSize, Concurrency: m.concurrency,
 					}, quiet)
-					b.ResetTimer()
+					m := measure(b)
 					n, err := mailer.SendDue(context.Background())
-					b.StopTimer()
+					m.stop()
 					require.NoError(b, err)
 					require.Equal(b, b.N, n)
-					reportRate(b, n)
+					m.report(n)
 					requireNotifications(b, pool, "SENT", b.N)
 				})
 			}

@@ -57,12 +57,12 @@ func BenchmarkRelay(b *testing.B) {
 				require.NoError(b, streams.Provision(context.Background(), js, streams.Saga(streams.Config{})))
 				fillOutbox(b, pool, b.N)
 				r := outbox.NewRelay(pool, js, outbox.RelayConfig{}, quiet)
-				b.ResetTimer()
+				m := measure(b)
 				n, err := r.Flush(context.Background())
-				b.StopTimer()
+				m.stop()
 				require.NoError(b, err)
 				require.Equal(b, b.N, n)
-				reportRate(b, b.N)
+				m.report(b.N)
 			})
 		}
 	}
@@ -102,18 +102,18 @@ func BenchmarkWatermill(b *testing.B) {
 			require.NoError(b, err)
 
 			done := make(chan error, 1)
-			b.ResetTimer()
+			m := measure(b)
 			go func() { done <- fwd.Run(context.Background()) }()
 			awaitCount(b, int64(b.N), func() int64 {
 				info, err := stream.Info(ctx)
 				require.NoError(b, err)
 				return int64(info.State.Msgs)
 			})
-			b.StopTimer()
+			m.stop()
 			require.NoError(b, fwd.Close())
 			require.NoError(b, <-done)
 			require.NoError(b, sub.Close())
-			reportRate(b, b.N)
+			m.report(b.N)
 		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -260,9 +261,89 @@ func messages(b testing.TB, evs []event.Envelope) []*nats.Msg {
 	return msgs
 }
 
-// reportRate reports the events per second of the timed part of b.
-func reportRate(b *testing.B, events int) {
-	b.ReportMetric(float64(events)/b.Elapsed().Seconds(), "events/s")
+// measurement is the timed part of a benchmark: its wall time, b's timer,
+// and the CPU time the whole machine spent meanwhile.
+type measurement struct {
+	b          *testing.B
+	start, end cpuTimes
+}
+
+// measure resets b's timer and starts a measurement.
+func measure(b *testing.B) *measurement {
+	b.ResetTimer()
+	return &measurement{b: b, start: readCPUTimes()}
+}
+
+// stop stops b's timer and the measurement.
+func (m *measurement) stop() {
+	m.b.StopTimer()
+	m.end = readCPUTimes()
+}
+
+// report reports the events per second of the measurement and the CPU time
+// per event of the whole machine: PostgreSQL, NATS and the code measured,
+// everything this benchmark makes work. cores × 10⁶ / cpu-us/event is the
+// rate the machine would reach with every core busy, which tells a
+// benchmark that waits (on round trips, locks, fsyncs) from one the
+// machine cannot run faster.
+func (m *measurement) report(events int) {
+	m.b.ReportMetric(float64(events)/m.b.Elapsed().Seconds(), "events/s")
+	if busy, ok := m.end.busySince(m.start, m.b.Elapsed()); ok {
+		m.b.ReportMetric(busy.Seconds()*1e6/float64(events), "cpu-us/event")
+	}
+}
+
+// cpuTimes is the first line of /proc/stat: the clock ticks all CPUs spent
+// busy and in all, and how many CPUs there are. ok is false where there is
+// no /proc/stat.
+type cpuTimes struct {
+	busy, total int64
+	cpus        int
+	ok          bool
+}
+
+func readCPUTimes() cpuTimes {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return cpuTimes{}
+	}
+	var t cpuTimes
+	for i, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || !strings.HasPrefix(fields[0], "cpu") {
+			continue
+		}
+		if i > 0 {
+			t.cpus++ // cpu0, cpu1, …
+			continue
+		}
+		// user nice system idle iowait irq softirq steal (guest time is
+		// in user already)
+		for j, f := range fields[1:min(len(fields), 9)] {
+			n, err := strconv.ParseInt(f, 10, 64)
+			if err != nil {
+				return cpuTimes{}
+			}
+			t.total += n
+			if j != 3 && j != 4 { // not idle, not waiting for I/O
+				t.busy += n
+			}
+		}
+	}
+	t.ok = t.cpus > 0
+	return t
+}
+
+// busySince is the CPU time spent busy between from and t, which lie wall
+// apart: the busy share of the ticks (so no tick rate need be known) times
+// the CPU time there was.
+func (t cpuTimes) busySince(from cpuTimes, wall time.Duration) (time.Duration, bool) {
+	total := t.total - from.total
+	if !t.ok || !from.ok || total <= 0 {
+		return 0, false
+	}
+	share := float64(t.busy-from.busy) / float64(total)
+	return time.Duration(share * float64(wall) * float64(t.cpus)), true
 }
 
 // drive processes items in chunks of n from conns goroutines until all are
@@ -270,7 +351,7 @@ func reportRate(b *testing.B, events int) {
 func drive[T any](b *testing.B, conns, n int, items []T, do func(ctx context.Context, chunk []T) error) {
 	b.Helper()
 	var next atomic.Int64
-	b.ResetTimer()
+	m := measure(b)
 	g, ctx := errgroup.WithContext(context.Background())
 	for range conns {
 		g.Go(func() error {
@@ -287,9 +368,9 @@ func drive[T any](b *testing.B, conns, n int, items []T, do func(ctx context.Con
 		})
 	}
 	err := g.Wait()
-	b.StopTimer()
+	m.stop()
 	require.NoError(b, err)
-	reportRate(b, len(items))
+	m.report(len(items))
 }
 
 // inTx runs f in a transaction of pool and commits it.
@@ -306,7 +387,8 @@ func inTx(ctx context.Context, pool *pgxpool.Pool, f func(pgx.Tx) error) error {
 }
 
 // awaitCount polls count until it reaches n, the end of a timed consumer
-// run.
+// run. A millisecond between polls is a thousandth of a one-second run and
+// keeps the polling's own CPU time out of the run's cpu-us/event.
 func awaitCount(b testing.TB, n int64, count func() int64) {
 	b.Helper()
 	deadline := time.Now().Add(10 * time.Minute)
@@ -314,6 +396,6 @@ func awaitCount(b testing.TB, n int64, count func() int64) {
 		if time.Now().After(deadline) {
 			b.Fatalf("processed %d of %d events in 10 minutes", count(), n)
 		}
-		time.Sleep(200 * time.Microsecond)
+		time.Sleep(time.Millisecond)
 	}
 }

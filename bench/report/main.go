@@ -2,6 +2,10 @@
 // more runs, as `go test -bench -count N` prints them) on standard input and
 // prints every events/s figure, the median of its runs, and the ratios the
 // project's performance targets are stated in, each marked met or missed.
+// Where the benchmarks measured the machine's CPU time per event, it prints
+// that too, and the rate it allows with every core busy: a figure far below
+// that rate waits on something (round trips, locks, fsyncs); one close to
+// it needs less work per event, or more cores.
 //
 //	go test -run '^$' -bench . ./bench | go run ./bench/report
 package main
@@ -12,6 +16,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,8 +33,12 @@ func main() {
 // its -GOMAXPROCS suffix.
 var line = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+.*?\s([\d.]+) events/s`)
 
+// cpuMetric is the machine's CPU time per event, on a result line.
+var cpuMetric = regexp.MustCompile(`\s([\d.]+) cpu-us/event`)
+
 func run(in io.Reader, out io.Writer) error {
 	runs := map[string][]float64{}
+	cpu := map[string][]float64{} // µs of CPU time per event
 	var names []string
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
@@ -46,6 +55,13 @@ func run(in io.Reader, out io.Writer) error {
 			names = append(names, name)
 		}
 		runs[name] = append(runs[name], v)
+		if c := cpuMetric.FindStringSubmatch(sc.Text()); c != nil {
+			us, err := strconv.ParseFloat(c[1], 64)
+			if err != nil {
+				return fmt.Errorf("parse %q: %w", sc.Text(), err)
+			}
+			cpu[name] = append(cpu[name], us)
+		}
 	}
 	if err := sc.Err(); err != nil {
 		return err
@@ -54,10 +70,16 @@ func run(in io.Reader, out io.Writer) error {
 		return fmt.Errorf("no benchmark results with events/s on input")
 	}
 	rate := map[string]float64{}
-	fmt.Fprintf(out, "%-52s %12s  %s\n", "benchmark", "events/s", "runs")
+	cores := runtime.NumCPU()
+	fmt.Fprintf(out, "%-52s %12s %12s %12s  %s\n", "benchmark", "events/s", "cpu µs/ev", fmt.Sprintf("%d-core cap", cores), "runs")
 	for _, name := range names {
 		rate[name] = median(runs[name])
-		fmt.Fprintf(out, "%-52s %12.0f  %s\n", name, rate[name], fmtRuns(runs[name]))
+		usage, ceiling := "", ""
+		if us := cpu[name]; len(us) > 0 && median(us) > 0 {
+			usage = strconv.FormatFloat(median(us), 'f', 1, 64)
+			ceiling = strconv.FormatFloat(float64(cores)*1e6/median(us), 'f', 0, 64)
+		}
+		fmt.Fprintf(out, "%-52s %12.0f %12s %12s  %s\n", name, rate[name], usage, ceiling, fmtRuns(runs[name]))
 	}
 	fmt.Fprintln(out)
 	fmt.Fprintf(out, "%-74s %9s %9s  %s\n", "target", "measured", "needed", "")
