@@ -54,11 +54,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"consumer", "event_type"}),
 		inboxHandlerErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_inbox_handler_errors_total",
-			Help: "Handler calls that returned an error (its writes rolled back; the message retried or dead-lettered).",
+			Help: "Handler calls that failed, by returning an error or by a write they queued (their writes rolled back; the message retried or dead-lettered).",
 		}, []string{"consumer", "event_type"}),
 		inboxHandlerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "onceflow_inbox_handler_duration_seconds",
-			Help:    "Time an event's handler took, inside the inbox transaction.",
+			Help:    "Time an event's handler took, inside the inbox transaction, until its writes were answered (queued writes go with the next read or the COMMIT).",
 			Buckets: latencyBuckets,
 		}, []string{"consumer", "event_type"}),
 		inboxTxDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -134,8 +134,9 @@ func (o consumerObserver) Handle(ctx context.Context, ev event.Envelope) (contex
 // the batch, and the batch handler runs in a span of its own, a new root
 // linked to them. The events it enqueues are not part of the batch's trace:
 // they continue the traces of their causes (event.Caused; see
-// outbox.Enqueue). Each event is charged an equal share of the batch's time
-// in the handler histogram.
+// outbox.Enqueue). Each event is charged an equal share of the batch's time,
+// up to the answer of its writes (sent with the COMMIT), in the handler
+// histogram.
 func (o consumerObserver) HandleBatch(ctx context.Context, evs []event.Envelope) (context.Context, func(error)) {
 	start := time.Now()
 	spans := make([]trace.Span, len(evs))

@@ -144,9 +144,11 @@ func TestBatchHandlerFailureFallsBackEventByEvent(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		batch func(bad event.Envelope) inbox.BatchHandler
+		err   string // the batch's failure
 	}{
 		{
 			name: "the handler fails",
+			err:  "bad event in the batch",
 			batch: func(bad event.Envelope) inbox.BatchHandler {
 				return func(ctx context.Context, tx pgx.Tx, evs []event.Envelope, _ *postgres.Pipeline) error {
 					for _, ev := range evs {
@@ -165,6 +167,7 @@ func TestBatchHandlerFailureFallsBackEventByEvent(t *testing.T) {
 		},
 		{
 			name: "a write queued for the commit fails",
+			err:  "division by zero",
 			batch: func(bad event.Envelope) inbox.BatchHandler {
 				return func(ctx context.Context, _ pgx.Tx, evs []event.Envelope, writes *postgres.Pipeline) error {
 					for _, ev := range evs {
@@ -195,7 +198,8 @@ func TestBatchHandlerFailureFallsBackEventByEvent(t *testing.T) {
 				}
 				return writeEffect(ctx, tx, ev)
 			}
-			c := e.start(t, inbox.Config{Batched: true, BatchSize: 10, BatchHandler: tc.batch(bad)}, handler)
+			obs := newObservations()
+			c := e.start(t, inbox.Config{Batched: true, BatchSize: 10, BatchHandler: tc.batch(bad), Observer: obs}, handler)
 
 			require.EventuallyWithT(t, func(c2 *assert.CollectT) {
 				assert.Equal(c2, inbox.Stats{Processed: 2, DeadLettered: 1}, c.Stats())
@@ -210,6 +214,17 @@ func TestBatchHandlerFailureFallsBackEventByEvent(t *testing.T) {
 			require.EqualValues(t, 2, e.claims(t), "the bad event's claim is released, the others' kept")
 			require.Len(t, e.dlqMsgs(t), 1)
 			e.requireSettled(t)
+
+			// The Observer was told of the batch's failure, then of the
+			// bad event's own, each in a transaction rolled back.
+			obs.mu.Lock()
+			defer obs.mu.Unlock()
+			require.Zero(t, obs.open, "handler calls the Observer was not told the end of")
+			errs := obs.handled[bad.ID]
+			require.Len(t, errs, 2, "the batch handler's call and the handler's")
+			require.ErrorContains(t, errs[0], tc.err)
+			require.ErrorContains(t, errs[1], "bad event")
+			require.Equal(t, 2, obs.rollbacks)
 		})
 	}
 }

@@ -181,12 +181,11 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, h Handler, logg
 	if cfg.Observer == nil {
 		cfg.Observer = nopObserver{}
 	}
-	cfg.BatchHandler = observedBatch(cfg.BatchHandler, cfg.Observer)
 	return &Consumer{
 		pool:    pool,
 		js:      js,
 		cfg:     cfg,
-		handler: observed(h, cfg.Observer),
+		handler: h,
 		logger:  logger.With("stream", cfg.Stream, "consumer", cfg.Durable),
 		queries: dbsqlc.New(),
 	}

@@ -333,7 +333,8 @@ func TestAFailedQueuedWriteFailsItsOwnEvent(t *testing.T) {
 				e.publish(t, ev)
 			}
 			var calls [3]atomic.Int32
-			c := e.start(t, inbox.Config{Batched: tc.batched, BatchSize: 10}, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			obs := newObservations()
+			c := e.start(t, inbox.Config{Batched: tc.batched, BatchSize: 10, Observer: obs}, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 				i := slices.IndexFunc(evs, func(e event.Envelope) bool { return e.ID == ev.ID })
 				calls[i].Add(1)
 				var n int64
@@ -361,9 +362,74 @@ func TestAFailedQueuedWriteFailsItsOwnEvent(t *testing.T) {
 				}
 			}
 			require.EqualValues(t, maxDeliver, calls[tc.target].Load())
+
+			// The Observer saw the same: the queued write's failure as its
+			// handler's, once per call, and a rollback for each.
+			obs.mu.Lock()
+			defer obs.mu.Unlock()
+			require.Zero(t, obs.open, "handler calls the Observer was not told the end of")
+			for i, ev := range evs {
+				errs := obs.handled[ev.ID]
+				require.Len(t, errs, int(calls[i].Load()), "event %d: one end per handler call", i)
+				for _, err := range errs {
+					if i == tc.target {
+						require.ErrorContains(t, err, "WriteNothing: ERROR: null value")
+					} else {
+						require.NoError(t, err, "event %d did not fail", i)
+					}
+				}
+			}
+			require.Equal(t, maxDeliver, obs.rollbacks, "one rolled-back transaction per failed call")
 		})
 	}
 }
+
+// observations is an inbox.Observer that records the handler calls and
+// transactions it is told of.
+type observations struct {
+	mu        sync.Mutex
+	open      int                   // handler calls not ended yet
+	handled   map[uuid.UUID][]error // the error of each ended call, by event
+	rollbacks int                   // transactions that did not commit
+}
+
+func newObservations() *observations {
+	return &observations{handled: map[uuid.UUID][]error{}}
+}
+
+func (o *observations) Handle(ctx context.Context, ev event.Envelope) (context.Context, func(error)) {
+	return ctx, o.start([]event.Envelope{ev})
+}
+
+func (o *observations) HandleBatch(ctx context.Context, evs []event.Envelope) (context.Context, func(error)) {
+	return ctx, o.start(evs)
+}
+
+// start records the start of a call for evs and returns its done: a done
+// called twice, or never, shows in open and in handled.
+func (o *observations) start(evs []event.Envelope) func(error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.open++
+	return func(err error) {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		o.open--
+		for _, ev := range evs {
+			o.handled[ev.ID] = append(o.handled[ev.ID], err)
+		}
+	}
+}
+
+func (o *observations) Transaction(_ int, _ time.Duration, err error) {
+	if err != nil {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		o.rollbacks++
+	}
+}
+
+func (o *observations) Settled(event.Envelope, inbox.Outcome, uint64) {}
 
 func TestEventsBeyondRetentionAreDeadLettered(t *testing.T) {
 	t.Parallel()

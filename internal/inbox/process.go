@@ -99,7 +99,8 @@ func (c *Consumer) decode(ctx context.Context, msg jetstream.Msg) (d *delivery, 
 // transaction. It records the outcome in d; the deferred rollback happens
 // before the message is settled, so a failure leaves nothing behind.
 func (c *Consumer) processTx(ctx context.Context, d *delivery) {
-	defer c.startTx(1).done(&d.err)
+	t := c.startTx(1)
+	defer func() { t.done(d.err) }()
 	begin := postgres.BeginWith(c.pool) // BEGIN goes with the claim
 	_, claimErr := c.queries.ClaimEvent(ctx, begin, dbsqlc.ClaimEventParams{
 		Consumer:  c.cfg.Durable,
@@ -123,7 +124,8 @@ func (c *Consumer) processTx(ctx context.Context, d *delivery) {
 	}
 	// The handler's :exec writes go with its next read, or the COMMIT.
 	wb := postgres.WriteBehind(tx)
-	herr := c.handler(ctx, wb, d.ev)
+	end, herr := c.handle(ctx, wb, 0, d.ev)
+	defer end()
 	if werr := wb.Err(); werr != nil {
 		herr = werr // what failed the handler's next statement, if any
 	}
@@ -220,7 +222,8 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*delivery) {
 // handler) and the handler's error; err is the failure of the transaction
 // as a whole.
 func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (failed int, herr, err error) {
-	defer c.startTx(len(ds)).done(&err)
+	t := c.startTx(len(ds))
+	defer func() { t.done(errors.Join(err, herr)) }() // a failed handler rolled it back too
 	// Claimed in event id order (the query sorts too), so that two batches
 	// that overlap after a redelivery lock their keys in the same order and
 	// cannot deadlock.
@@ -275,17 +278,26 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 			// writes with their generic plans (see PlanGeneric). Queued:
 			// the error is the COMMIT's.
 			_ = c.queries.PlanGeneric(ctx, writes)
-			if herr := c.cfg.BatchHandler(ctx, postgres.PlanEachCall(tx), fresh, writes); herr != nil {
+			end, herr := c.handleBatch(ctx, postgres.PlanEachCall(tx), fresh, writes)
+			defer end()
+			if herr != nil {
 				return -1, herr, nil
 			}
 		} else {
 			wb = postgres.WriteBehind(tx)
+			var ends []func() // of the handlers' observations
+			defer func() {
+				for _, end := range ends {
+					end()
+				}
+			}()
 			for i, d := range ds {
 				if !isNew[d.ev.ID] {
 					continue
 				}
 				wb.Own(i)
-				herr := c.handler(ctx, wb, d.ev)
+				end, herr := c.handle(ctx, wb, i, d.ev)
+				ends = append(ends, end)
 				if werr := wb.Err(); werr != nil {
 					// An earlier write of its own or of an event before
 					// it failed, which may be what failed the handler.
