@@ -3,9 +3,11 @@
 //
 // TestMain builds the onceflow binary and a nats-server binary from the
 // module pinned in go.mod (both without the race detector, as they run in
-// production), and starts PostgreSQL: TEST_DATABASE_URL's server if set,
-// else a testcontainers-go container when a Docker engine answers, else a
-// durable cluster (fsync on) from the local installation. Each scenario then
+// production; every scenario opens their sources, so that `go test`'s
+// result cache sees a change to them and runs the suite again), and starts
+// PostgreSQL: TEST_DATABASE_URL's server if set, else a testcontainers-go
+// container when a Docker engine answers, else a durable cluster (fsync on)
+// from the local installation. Each scenario then
 // creates its four service databases, starts its own nats-server process
 // (with deploy/nats/onceflow.conf's JetStream settings, sync_interval
 // always included), runs every service instance as its own OS process with

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,9 +11,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"golang.org/x/sync/errgroup"
 )
@@ -26,6 +30,10 @@ type harness struct {
 	// scale multiplies every scenario's load (E2E_SCALE).
 	scale  float64
 	logger *slog.Logger
+
+	sources   []string // what the binaries are built from (listSources)
+	trackOnce sync.Once
+	trackErr  error
 }
 
 // shared is set by TestMain before any test runs and never changed after.
@@ -83,8 +91,13 @@ func setUp(logger *slog.Logger) (_ *harness, cleanup func(context.Context) error
 	defer cancel()
 
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return build(gctx, h.onceflowBin, "github.com/onceflow/onceflow/cmd/onceflow") })
-	g.Go(func() error { return build(gctx, h.natsBin, "github.com/nats-io/nats-server/v2") })
+	onceflowPkg, natsPkg := "github.com/onceflow/onceflow/cmd/onceflow", "github.com/nats-io/nats-server/v2"
+	g.Go(func() (err error) {
+		h.sources, err = listSources(gctx, onceflowPkg, natsPkg)
+		return err
+	})
+	g.Go(func() error { return build(gctx, h.onceflowBin, onceflowPkg) })
+	g.Go(func() error { return build(gctx, h.natsBin, natsPkg) })
 	g.Go(func() error {
 		var err error
 		h.pg, err = startPostgres(gctx, logger)
@@ -106,16 +119,69 @@ func setUp(logger *slog.Logger) (_ *harness, cleanup func(context.Context) error
 // build compiles pkg into out, without the race detector whatever the test
 // binary was built with: the services run as they do in production.
 func build(ctx context.Context, out, pkg string) error {
+	if _, err := goCommand(ctx, "build", "-o", out, pkg); err != nil {
+		return fmt.Errorf("build %s: %w", pkg, err)
+	}
+	return nil
+}
+
+// listSources returns the source directories and embedded files of pkgs and
+// of what they import, and go.mod and go.sum: what the binaries are built
+// from, for trackSources.
+func listSources(ctx context.Context, pkgs ...string) ([]string, error) {
+	const list = `{{if not .Standard}}{{.Dir}}{{"\n"}}{{range .EmbedFiles}}{{$.Dir}}/{{.}}{{"\n"}}{{end}}{{end}}`
+	out, err := goCommand(ctx, append([]string{"list", "-deps", "-f", list}, pkgs...)...)
+	if err != nil {
+		return nil, fmt.Errorf("list the sources of %v: %w", pkgs, err)
+	}
+	gomod, err := goCommand(ctx, "env", "GOMOD")
+	if err != nil {
+		return nil, fmt.Errorf("find go.mod: %w", err)
+	}
+	paths := strings.Split(strings.TrimSpace(string(out)), "\n")
+	mod := string(bytes.TrimSpace(gomod))
+	return append(paths, mod, strings.TrimSuffix(mod, ".mod")+".sum"), nil
+}
+
+// trackSources opens what the binaries were built from (listSources), once
+// per test binary. `go test` caches a package's result against the files
+// its test process opened while tests ran (their size and modification
+// time; a directory's, its entries'), and build compiles the binaries in a
+// child process it does not see: without this, a change to a service would
+// leave this suite's last pass in the cache, and `go test ./...` would
+// report it without running the suite. Every scenario calls it (through
+// newSystem): opens before the first test starts are not recorded.
+func (h *harness) trackSources(t *testing.T) {
+	h.trackOnce.Do(func() {
+		for _, p := range h.sources {
+			f, err := os.Open(p)
+			if err == nil {
+				err = f.Close()
+			}
+			if err != nil {
+				h.trackErr = fmt.Errorf("track the source %s: %w", p, err)
+				return
+			}
+		}
+	})
+	require.NoError(t, h.trackErr)
+}
+
+// goCommand runs the go command with args and returns its standard output.
+func goCommand(ctx context.Context, args ...string) ([]byte, error) {
 	// go test puts $GOROOT/bin first on the PATH of the test binary.
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		return fmt.Errorf("build %s: the go command is not on PATH: %w", pkg, err)
+		return nil, fmt.Errorf("the go command is not on PATH: %w", err)
 	}
-	cmd := exec.CommandContext(ctx, goBin, "build", "-o", out, pkg)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, goBin, args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, stderr.Bytes())
 	}
-	return nil
+	return out, nil
 }
 
 // readScale reads E2E_SCALE: how much larger than the default every

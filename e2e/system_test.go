@@ -53,6 +53,7 @@ type system struct {
 // The services start with start.
 func newSystem(t *testing.T) *system {
 	t.Helper()
+	shared.trackSources(t)
 	ctx := t.Context()
 	sys := &system{
 		t:       t,
