@@ -17,8 +17,10 @@
 #            and stock rows are not a handful of hot rows, and that a
 #            backlog stays within the order lists loadgen follows)
 # Extra environment (CONSUMER_WORKERS, MAX_ORDERS_IN_FLIGHT, …) reaches the
-# services through dev. After each fixed-rate run, bench/hops breaks its
-# latency down by hop of the saga, from the services' databases.
+# services through dev. Each run prints how busy the machine was and the
+# CPU that onceflow dev, its PostgreSQL and loadgen took. After each
+# fixed-rate run, bench/hops breaks its latency down by hop of the saga,
+# from the services' databases.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,6 +37,21 @@ trap 'kill "${dev:-}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tm
 
 # cpu_jiffies prints the machine's busy and total CPU time so far.
 cpu_jiffies() { awk '/^cpu / {print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
+# dev_ticks prints the CPU time so far (clock ticks) of onceflow dev's own
+# process and of its PostgreSQL processes: every live one, the postmaster's
+# exited children included.
+dev_ticks() {
+	local pg=0 p
+	for p in $(pgrep -x postgres); do
+		pg=$((pg + $(awk '{print $14+$15+$16+$17}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+	done
+	echo "$(awk '{print $14+$15}' "/proc/$dev/stat") $pg"
+}
+# times_ticks prints the CPU time of a shell's finished children from the
+# output of `times` in file $1 (written by the shell itself: `times` in a
+# subshell would report the subshell's).
+times_ticks() { awk -v hz="$(getconf CLK_TCK)" 'NR == 2 {
+	split($1, u, /[ms]/); split($2, s, /[ms]/); print int((u[1] * 60 + u[2] + s[1] * 60 + s[2]) * hz) }' "$1"; }
 
 echo "hardware: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 go build -o "$bin" ./cmd/onceflow
@@ -63,11 +80,18 @@ for sync in $syncs; do
 		echo "   onceflow loadgen --rate $r --duration $duration --customers $customers --skus $skus"
 		# A run that leaves orders unfinished exits non-zero; its figures
 		# are printed all the same, and the next run goes on.
-		cpu0=($(cpu_jiffies))
+		cpu0=($(cpu_jiffies)) dev0=($(dev_ticks)) t0=$SECONDS
+		times >"$tmp/times0"
 		"$bin" loadgen --rate "$r" --duration "$duration" --customers "$customers" --skus "$skus" "${urls[@]}" \
 			--json "$out/$sync-$name.json" --histogram "$out/$sync-$name.svg" 2>/dev/null || true
-		cpu1=($(cpu_jiffies))
+		times >"$tmp/times1"
+		cpu1=($(cpu_jiffies)) dev1=($(dev_ticks)) t1=$SECONDS
+		lg0=$(times_ticks "$tmp/times0") lg1=$(times_ticks "$tmp/times1")
 		echo "  machine busy $((100 * (cpu1[0] - cpu0[0]) / (cpu1[1] - cpu0[1])))% of $(nproc) cores while loadgen ran (loadgen included)"
+		# Shares of one core: what the services, their databases and the
+		# load generator itself cost.
+		ticks=$(($(getconf CLK_TCK) * (t1 - t0 > 0 ? t1 - t0 : 1)))
+		echo "  of one core: onceflow dev $((100 * (dev1[0] - dev0[0]) / ticks))%, its PostgreSQL $((100 * (dev1[1] - dev0[1]) / ticks))%, loadgen $((100 * (lg1 - lg0) / ticks))%"
 		if [[ $name == fixed ]]; then
 			db=postgres://postgres@127.0.0.1:15432
 			"$tmp/hops" -order "$db/onceflow_order" -payment "$db/onceflow_payment" -inventory "$db/onceflow_inventory" || true
