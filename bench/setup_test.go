@@ -293,8 +293,8 @@ func (m *measurement) report(events int) {
 	}
 }
 
-// cpuTimes is the first line of /proc/stat: the clock ticks all CPUs spent
-// busy and in all, and how many CPUs there are. ok is false where there is
+// cpuTimes is what /proc/stat says of the CPUs: the clock ticks they all
+// spent busy and in all, and how many there are. ok is false where there is
 // no /proc/stat.
 type cpuTimes struct {
 	busy, total int64
@@ -307,8 +307,14 @@ func readCPUTimes() cpuTimes {
 	if err != nil {
 		return cpuTimes{}
 	}
+	return parseCPUTimes(string(data))
+}
+
+// parseCPUTimes reads the lines of /proc/stat that start with "cpu": the
+// first sums every CPU's ticks, one line follows per CPU.
+func parseCPUTimes(stat string) cpuTimes {
 	var t cpuTimes
-	for i, line := range strings.Split(string(data), "\n") {
+	for i, line := range strings.Split(stat, "\n") {
 		fields := strings.Fields(line)
 		if len(fields) == 0 || !strings.HasPrefix(fields[0], "cpu") {
 			continue
@@ -344,6 +350,23 @@ func (t cpuTimes) busySince(from cpuTimes, wall time.Duration) (time.Duration, b
 	}
 	share := float64(t.busy-from.busy) / float64(total)
 	return time.Duration(share * float64(wall) * float64(t.cpus)), true
+}
+
+func TestCPUTimesMeasureTheBusyShareOfAllCPUs(t *testing.T) {
+	// user nice system idle iowait irq softirq steal guest guest_nice
+	before := parseCPUTimes("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 50 0 25 400 25 0 0 0 0 0\ncpu1 50 0 25 400 25 0 0 0 0 0\nintr 1\n")
+	after := parseCPUTimes("cpu  250 0 100 900 50 0 0 0 7 0\ncpu0 125 0 50 450 25 0 0 0 0 0\ncpu1 125 0 50 450 25 0 0 0 7 0\nintr 2\n")
+	require.True(t, before.ok)
+	require.Equal(t, 2, before.cpus)
+
+	// 200 of the 300 ticks since were busy (guest time is counted in user
+	// already): two thirds of two CPUs for a second.
+	busy, ok := after.busySince(before, time.Second)
+	require.True(t, ok)
+	require.InDelta(t, (4 * time.Second / 3).Seconds(), busy.Seconds(), 1e-9)
+
+	_, ok = after.busySince(cpuTimes{}, time.Second)
+	require.False(t, ok, "no /proc/stat, no figure")
 }
 
 // drive processes items in chunks of n from conns goroutines until all are
@@ -388,7 +411,7 @@ func inTx(ctx context.Context, pool *pgxpool.Pool, f func(pgx.Tx) error) error {
 
 // awaitCount polls count until it reaches n, the end of a timed consumer
 // run. A millisecond between polls is a thousandth of a one-second run and
-// keeps the polling's own CPU time out of the run's cpu-us/event.
+// keeps most of the polling's own CPU time out of the run's cpu-us/event.
 func awaitCount(b testing.TB, n int64, count func() int64) {
 	b.Helper()
 	deadline := time.Now().Add(10 * time.Minute)
