@@ -1,7 +1,8 @@
 // Package bench holds onceflow's performance benchmarks and nothing else:
 // its code is all in _test.go files, so `go test ./...` only compiles the
 // benchmarks and runs the package's few quick tests, which check that each
-// benchmarked workload does the work it claims.
+// benchmarked workload does the work it claims, and how the CPU figure is
+// read.
 //
 // Every benchmark reports events/s as a custom metric, so that figures of
 // one run can be compared as ratios: the database's limit (the inbox's SQL
