@@ -50,7 +50,7 @@ func TestRunAgainstDev(t *testing.T) {
 
 		// Sanity, not performance: other tests share the machine, so the
 		// rate is an upper bound that must hold, and a loose lower one.
-		require.LessOrEqual(t, res.Placed, 121, "never above 40/s for 3s")
+		require.LessOrEqual(t, res.Placed, 120, "never above 40/s for 3s: orders 0 to 119, due before the end")
 		require.GreaterOrEqual(t, res.Placed, 24, "40/s for 3s")
 		require.Zero(t, res.PlaceErrors)
 		require.Zero(t, res.Unfinished)

@@ -18,7 +18,8 @@ const maxErrorSamples = 5
 // place places orders from start for cfg.Duration, at cfg.Rate or as fast
 // as cfg.Concurrency workers can.
 func (r *run) place(ctx context.Context, start time.Time) {
-	placeCtx, cancel := context.WithDeadline(ctx, start.Add(r.cfg.Duration))
+	end := start.Add(r.cfg.Duration)
+	placeCtx, cancel := context.WithDeadline(ctx, end)
 	defer cancel()
 	// A request already sent is retried beyond the placing deadline: its
 	// order may exist, and only its key can tell.
@@ -45,8 +46,14 @@ loop:
 	for n := 0; ; n++ {
 		if interval > 0 {
 			// On a schedule from start: a worker shortage delays orders,
-			// and they are sent as soon as workers are free again.
-			timer.Reset(time.Until(start.Add(time.Duration(n) * interval)))
+			// and they are sent as soon as workers are free again. An
+			// order due at the end or later is not placed, however late
+			// the deadline's cancellation is noticed on a busy machine.
+			at := start.Add(time.Duration(n) * interval)
+			if !at.Before(end) {
+				break loop
+			}
+			timer.Reset(time.Until(at))
 			select {
 			case <-placeCtx.Done():
 				break loop
