@@ -38,11 +38,12 @@ trap 'kill "${dev:-}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tm
 # cpu_jiffies prints the machine's busy and total CPU time so far.
 cpu_jiffies() { awk '/^cpu / {print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
 # dev_ticks prints the CPU time so far (clock ticks) of onceflow dev's own
-# process and of its PostgreSQL processes: every live one, the postmaster's
-# exited children included.
+# process and of its PostgreSQL: the postmaster (a child of dev, whose
+# exited children count in its own figure) and its live children.
 dev_ticks() {
-	local pg=0 p
-	for p in $(pgrep -x postgres); do
+	local pg=0 p postmaster
+	postmaster=$(pgrep -P "$dev" -x postgres || true)
+	for p in $postmaster $([[ -z $postmaster ]] || pgrep -P "$postmaster"); do
 		pg=$((pg + $(awk '{print $14+$15+$16+$17}' "/proc/$p/stat" 2>/dev/null || echo 0)))
 	done
 	echo "$(awk '{print $14+$15}' "/proc/$dev/stat") $pg"
