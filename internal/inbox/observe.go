@@ -86,11 +86,11 @@ func (c *Consumer) handle(ctx context.Context, wb *postgres.WriteBehindTx, owner
 		return nil
 	}
 	err = c.handler(ctx, wb, ev)
-	switch werr := wb.Err(); {
-	case werr != nil && werr.Owner == owner:
-		tell(werr.Err) // what failed the handler's statement, if it failed
-	case werr != nil:
-		tell(nil) // an earlier event's write failed, and with it this handler's statement
+	switch {
+	case wb.Err() != nil:
+		// Its own queued write failed (which may be what failed it), or an
+		// earlier event's did, and with it this handler's statement.
+		tell(ownWriteErr())
 	case err != nil || wb.Writes().Len() == 0:
 		tell(err)
 	default:

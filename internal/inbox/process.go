@@ -268,12 +268,15 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 	// queued on writes, the per-event handlers' :exec statements behind
 	// the next read (see postgres.WriteBehind), and what is left with the
 	// COMMIT.
-	writes := &postgres.Pipeline{}
-	var writesErr error
-	writes.AfterSend(func(err error) { writesErr = err })
-	var wb *postgres.WriteBehindTx // the per-event handlers' transaction
+	var (
+		writes    *postgres.Pipeline      // sent with the COMMIT
+		writesErr error                   // the set-based handler's writes' failure
+		wb        *postgres.WriteBehindTx // the per-event handlers' transaction
+	)
 	if len(fresh) > 0 {
 		if setBased {
+			writes = &postgres.Pipeline{}
+			writes.AfterSend(func(err error) { writesErr = err })
 			// The handler's reads are planned for their arguments, its
 			// writes with their generic plans (see PlanGeneric). Queued:
 			// the error is the COMMIT's.
