@@ -33,12 +33,21 @@ func main() {
 // its -GOMAXPROCS suffix.
 var line = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+.*?\s([\d.]+) events/s`)
 
-// cpuMetric is the machine's CPU time per event, on a result line.
-var cpuMetric = regexp.MustCompile(`\s([\d.]+) cpu-us/event`)
+// metric matches one optional metric of a result line: the machine's CPU
+// time per event, and the share of it the benchmark's own process spent.
+func metric(unit string) *regexp.Regexp {
+	return regexp.MustCompile(`\s([\d.]+) ` + regexp.QuoteMeta(unit) + `(\s|$)`)
+}
+
+var (
+	cpuMetric  = metric("cpu-us/event")
+	selfMetric = metric("self-share")
+)
 
 func run(in io.Reader, out io.Writer) error {
 	runs := map[string][]float64{}
-	cpu := map[string][]float64{} // µs of CPU time per event
+	cpu := map[string][]float64{}  // µs of CPU time per event
+	self := map[string][]float64{} // the benchmark process's share of it
 	var names []string
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
@@ -55,12 +64,17 @@ func run(in io.Reader, out io.Writer) error {
 			names = append(names, name)
 		}
 		runs[name] = append(runs[name], v)
-		if c := cpuMetric.FindStringSubmatch(sc.Text()); c != nil {
-			us, err := strconv.ParseFloat(c[1], 64)
-			if err != nil {
-				return fmt.Errorf("parse %q: %w", sc.Text(), err)
+		for _, o := range []struct {
+			re   *regexp.Regexp
+			into map[string][]float64
+		}{{cpuMetric, cpu}, {selfMetric, self}} {
+			if c := o.re.FindStringSubmatch(sc.Text()); c != nil {
+				f, err := strconv.ParseFloat(c[1], 64)
+				if err != nil {
+					return fmt.Errorf("parse %q: %w", sc.Text(), err)
+				}
+				o.into[name] = append(o.into[name], f)
 			}
-			cpu[name] = append(cpu[name], us)
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -71,15 +85,18 @@ func run(in io.Reader, out io.Writer) error {
 	}
 	rate := map[string]float64{}
 	cores := runtime.NumCPU()
-	fmt.Fprintf(out, "%-52s %12s %12s %12s  %s\n", "benchmark", "events/s", "cpu µs/ev", fmt.Sprintf("%d-core cap", cores), "runs")
+	fmt.Fprintf(out, "%-52s %12s %12s %12s %8s  %s\n", "benchmark", "events/s", "cpu µs/ev", fmt.Sprintf("%d-core cap", cores), "self", "runs")
 	for _, name := range names {
 		rate[name] = median(runs[name])
-		usage, ceiling := "", ""
+		usage, ceiling, share := "", "", ""
 		if us := cpu[name]; len(us) > 0 && median(us) > 0 {
 			usage = strconv.FormatFloat(median(us), 'f', 1, 64)
 			ceiling = strconv.FormatFloat(float64(cores)*1e6/median(us), 'f', 0, 64)
 		}
-		fmt.Fprintf(out, "%-52s %12.0f %12s %12s  %s\n", name, rate[name], usage, ceiling, fmtRuns(runs[name]))
+		if sh := self[name]; len(sh) > 0 {
+			share = strconv.FormatFloat(100*median(sh), 'f', 0, 64) + " %"
+		}
+		fmt.Fprintf(out, "%-52s %12.0f %12s %12s %8s  %s\n", name, rate[name], usage, ceiling, share, fmtRuns(runs[name]))
 	}
 	fmt.Fprintln(out)
 	fmt.Fprintf(out, "%-74s %9s %9s  %s\n", "target", "measured", "needed", "")
