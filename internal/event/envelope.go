@@ -1,12 +1,12 @@
 package event
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
+	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/google/uuid"
 )
 
@@ -75,13 +75,17 @@ func (e Envelope) Validate() error {
 
 // Decode unmarshals the payload into v and validates it when v has a
 // Validate method. Every failure wraps ErrInvalid.
+//
+// It decodes with encoding/json/v2 (its mirror module, which aliases the
+// standard library's from Go 1.27): every consumer decodes every event,
+// and v2 takes half the time of encoding/json, a twentieth of a set-based
+// consumer's CPU time per event. Its rules are stricter, and a payload
+// that breaks them is invalid: member names match exactly (unknown ones
+// are ignored, as before), a name may not repeat, strings must be UTF-8,
+// and nothing may follow the value.
 func (e Envelope) Decode(v any) error {
-	dec := json.NewDecoder(bytes.NewReader(e.Data))
-	if err := dec.Decode(v); err != nil {
+	if err := jsonv2.Unmarshal(e.Data, v); err != nil {
 		return fmt.Errorf("%w: %s %s: decode payload: %v", ErrInvalid, e.Type, e.ID, err)
-	}
-	if dec.More() {
-		return fmt.Errorf("%w: %s %s: trailing data after payload", ErrInvalid, e.Type, e.ID)
 	}
 	if val, ok := v.(interface{ Validate() error }); ok {
 		if err := val.Validate(); err != nil {
