@@ -35,8 +35,9 @@ tmp=$(mktemp -d)
 bin=$tmp/onceflow
 trap 'kill "${dev:-}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"' EXIT
 
-# cpu_jiffies prints the machine's busy and total CPU time so far.
-cpu_jiffies() { awk '/^cpu / {print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
+# cpu_jiffies prints the machine's busy and total CPU time so far. Busy is
+# neither idle, nor waiting for I/O, nor stolen by the hypervisor.
+cpu_jiffies() { awk '/^cpu / {print $2+$3+$4+$7+$8, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
 # dev_ticks prints the CPU time so far (clock ticks) of onceflow dev's own
 # process and of its PostgreSQL: the postmaster (a child of dev, whose
 # exited children count in its own figure) and its live children.
