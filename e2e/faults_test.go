@@ -273,7 +273,7 @@ func poisonMessages() []poisonMsg {
 			data:   fmt.Appendf(nil, `{"order_id":%q,"customer_id":"ghost","lines":[{"sku":"sku-00","quantity":1,"unit_price_cents":1}],"total_cents":1}`, orphan),
 			reason: "retention"},
 		{name: "trailing data", subject: "payments.debited.v1", header: ce(event.PaymentDebited, time.Now(), orphan),
-			data: []byte(`{}{}`), reason: "trailing data"},
+			data: []byte(`{}{}`), reason: "after top-level value"},
 		{name: "orphan", subject: "inventory.rejected.v1", header: ce(event.StockRejected, time.Now(), orphan),
 			data: fmt.Appendf(nil, `{"order_id":%q,"customer_id":"ghost","amount_cents":100,"reason":"forged"}`, orphan), reason: orphan},
 		{name: "huge", subject: "inventory.reserved.v1", header: ce(event.StockReserved, time.Now(), orphan),
