@@ -12,7 +12,8 @@
 # BACKLOG     outbox rows the relay and the Watermill forwarder drain
 #             (default 50000). A drain of 5,000 rows lasts a tenth of a
 #             second for the relay and measures its start; Watermill slows
-#             as its table grows. Both figures depend on it (see the README).
+#             as its table grows. Both figures depend on it (see
+#             docs/performance.md).
 # OUT         where the raw `go test` output is kept (default bench/out.txt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
