@@ -16,7 +16,8 @@ import (
 	"github.com/onceflow/onceflow/internal/postgres"
 )
 
-// The inbox's statements (internal/inbox's ClaimEvent and ClaimEvents) and
+// The inbox's statements (internal/inbox's ClaimEvent, and ClaimNewEvents,
+// its claim of a batch of first deliveries, which every batch here is) and
 // the business write the benchmarks' handlers do: a wallet debit, per event
 // or set-based (payment's DebitWallet and DebitWallets).
 const (
@@ -34,9 +35,7 @@ FROM (
         unnest($4::timestamptz[]) AS event_time,
         unnest($5::bigint[])      AS stream_seq
 ) AS e
-ORDER BY e.event_id
-ON CONFLICT DO NOTHING
-RETURNING event_id`
+ORDER BY e.event_id`
 
 	debitSQL = `UPDATE wallets
 SET balance_cents = balance_cents - $2, updated_at = now()
@@ -66,25 +65,19 @@ func claimOne(ctx context.Context, tx pgx.Tx, ev event.Envelope, seq int64) erro
 	return tx.QueryRow(ctx, claimSQL, benchConsumer, ev.ID, string(ev.Type), ev.Time, seq).Scan(&id)
 }
 
-// claimBatch is the inbox's claim of a batch, in event id order.
+// claimBatch is the inbox's claim of a batch of first deliveries, in event
+// id order.
 func claimBatch(ctx context.Context, tx postgres.DBTX, evs []event.Envelope) error {
 	byID := slices.SortedFunc(slices.Values(evs), func(a, b event.Envelope) int { return bytes.Compare(a.ID[:], b.ID[:]) })
 	ids, types, times, seqs := make([]uuid.UUID, len(byID)), make([]string, len(byID)), make([]time.Time, len(byID)), make([]int64, len(byID))
 	for i, ev := range byID {
 		ids[i], types[i], times[i], seqs[i] = ev.ID, string(ev.Type), ev.Time, int64(i)
 	}
-	rows, err := tx.Query(ctx, claimBatchSQL, benchConsumer, ids, types, times, seqs)
+	tag, err := tx.Exec(ctx, claimBatchSQL, benchConsumer, ids, types, times, seqs)
 	if err != nil {
 		return err
 	}
-	n := 0
-	for rows.Next() {
-		n++
-	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	if n != len(evs) {
+	if n := tag.RowsAffected(); n != int64(len(evs)) {
 		return fmt.Errorf("claimed %d of %d", n, len(evs))
 	}
 	return nil

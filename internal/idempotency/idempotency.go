@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -168,7 +167,7 @@ func (s *Store) DoWrites(ctx context.Context, req Request, fn WritesFunc) (resp 
 		// One of fn's writes failed (or the response's): nothing is stored.
 	case postgres.IsLockNotAvailable(err):
 		return Response{}, false, ErrInFlight
-	case isUniqueViolation(err): // claimed before: replay it
+	case postgres.IsUniqueViolation(err): // claimed before: replay it
 		return s.Do(ctx, req, claimFirst)
 	}
 	return Response{}, false, fmt.Errorf("write, store idempotent response and commit: %w", err)
@@ -216,11 +215,6 @@ func (s *Store) stored(ctx context.Context, db dbsqlc.DBTX, req Request) (Respon
 		}
 	}
 	return resp, nil
-}
-
-func isUniqueViolation(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
 
 // Cleaner deletes keys older than the retention period.

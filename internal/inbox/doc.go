@@ -31,7 +31,11 @@
 // with the COMMIT; one that fails fails the event that queued it.
 //
 // With Config.Batched, a fetched batch shares one transaction and one claim
-// statement, and one failure undoes only that event's writes and claim: the
+// statement: for a batch of first deliveries a plain insert, on the bet that
+// none of its events was processed before (cheaper than ON CONFLICT; a
+// batch that loses the bet is claimed again with ON CONFLICT DO NOTHING in
+// a new transaction), and for a batch with a redelivery ON CONFLICT DO
+// NOTHING at once. One failure undoes only that event's writes and claim: the
 // handlers run in turn right after the claim; when one fails, the
 // transaction is rolled back and the batch runs again in a new one without
 // the failed event. (Savepoints would cost two round trips each, on every

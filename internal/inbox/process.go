@@ -243,8 +243,7 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 		claim.EventTimes[i] = d.ev.Time
 		claim.StreamSeqs[i] = int64(d.meta.Sequence.Stream)
 	}
-	begin := postgres.BeginWith(c.pool) // BEGIN goes with the claim
-	claimed, claimErr := c.queries.ClaimEvents(ctx, begin, claim)
+	begin, claimed, claimErr := c.claimBatch(ctx, ds, claim)
 	defer begin.End(ctx)
 	tx, err := begin.Tx()
 	switch {
@@ -330,6 +329,33 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 		}
 	}
 	return 0, nil, nil
+}
+
+// claimBatch begins a batch's transaction with its claim, BEGIN and the
+// claim in one round trip, and returns the ids of the batch's new events.
+// The caller must End the transaction whatever happened.
+//
+// A batch of first deliveries is claimed with a plain insert
+// (ClaimNewEvents), on the bet that none of its events was processed
+// before, which costs PostgreSQL less than ON CONFLICT. The bet is lost
+// only by an event published again after the broker's duplicate window
+// (a re-drive, a producer that re-emits) or by a batch that repeats an
+// event; the batch is then claimed again, ON CONFLICT DO NOTHING, in a
+// new transaction: two more round trips. A batch with a redelivery, which
+// may have been processed before, is claimed that way at once.
+func (c *Consumer) claimBatch(ctx context.Context, ds []*delivery, claim dbsqlc.ClaimEventsParams) (*postgres.TxStart, []uuid.UUID, error) {
+	if !slices.ContainsFunc(ds, func(d *delivery) bool { return d.meta.NumDelivered > 1 }) {
+		begin := postgres.BeginWith(c.pool) // BEGIN goes with the claim
+		err := c.queries.ClaimNewEvents(ctx, begin, dbsqlc.ClaimNewEventsParams(claim))
+		if err == nil || !postgres.IsUniqueViolation(err) {
+			return begin, claim.EventIds, err
+		}
+		begin.End(ctx)
+		c.logger.DebugContext(ctx, "a batch of first deliveries holds an event processed before; claiming it again", "events", len(ds))
+	}
+	begin := postgres.BeginWith(c.pool)
+	claimed, err := c.queries.ClaimEvents(ctx, begin, claim)
+	return begin, claimed, err
 }
 
 // settle acks, naks or dead-letters d's message according to its outcome.

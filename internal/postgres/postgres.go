@@ -122,3 +122,10 @@ func IsLockNotAvailable(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
+
+// IsUniqueViolation reports whether err is PostgreSQL's unique_violation:
+// the key a statement inserted was there already.
+func IsUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
+}
