@@ -48,6 +48,10 @@ func run(in io.Reader, out io.Writer) error {
 	runs := map[string][]float64{}
 	cpu := map[string][]float64{}  // µs of CPU time per event
 	self := map[string][]float64{} // the benchmark process's share of it
+	metrics := []struct {
+		re   *regexp.Regexp
+		into map[string][]float64
+	}{{cpuMetric, cpu}, {selfMetric, self}}
 	var names []string
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
@@ -64,10 +68,7 @@ func run(in io.Reader, out io.Writer) error {
 			names = append(names, name)
 		}
 		runs[name] = append(runs[name], v)
-		for _, o := range []struct {
-			re   *regexp.Regexp
-			into map[string][]float64
-		}{{cpuMetric, cpu}, {selfMetric, self}} {
+		for _, o := range metrics {
 			if c := o.re.FindStringSubmatch(sc.Text()); c != nil {
 				f, err := strconv.ParseFloat(c[1], 64)
 				if err != nil {
