@@ -114,7 +114,7 @@ func prepare(ctx context.Context, ev event.Envelope) (_ event.Envelope, subject 
 	if err := ev.Validate(); err != nil {
 		return ev, "", nil, err
 	}
-	// The data column is jsonb, which would refuse it at insert time with a
+	// The data column is json, which would refuse it at insert time with a
 	// less useful error.
 	if !json.Valid(ev.Data) {
 		return ev, "", nil, fmt.Errorf("%w: %s: data is not JSON", event.ErrInvalid, ev.ID)

@@ -115,7 +115,7 @@ FROM (
         unnest(@subjects::text[]) AS subject,
         unnest(@nats_subjects::text[]) AS nats_subject,
         unnest(@event_times::timestamptz[]) AS event_time,
-        unnest(@datas::jsonb[]) AS data,
+        unnest(@datas::json[]) AS data,
         unnest(@traceparents::text[]) AS traceparent,
         generate_series(1, cardinality(@event_ids::uuid[])) AS ord
 ) AS e

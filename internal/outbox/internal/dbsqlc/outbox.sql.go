@@ -166,7 +166,7 @@ FROM (
         unnest($4::text[]) AS subject,
         unnest($5::text[]) AS nats_subject,
         unnest($6::timestamptz[]) AS event_time,
-        unnest($7::jsonb[]) AS data,
+        unnest($7::json[]) AS data,
         unnest($8::text[]) AS traceparent,
         generate_series(1, cardinality($1::uuid[])) AS ord
 ) AS e
