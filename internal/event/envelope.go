@@ -1,6 +1,7 @@
 package event
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -58,6 +59,9 @@ func (e Envelope) Validate() error {
 	switch {
 	case e.ID == uuid.Nil:
 		return fmt.Errorf("%w: missing id", ErrInvalid)
+	case e.ID.Version() != 7:
+		// The inbox's retention deletes by the time in the id.
+		return fmt.Errorf("%w: id %s is not a UUIDv7", ErrInvalid, e.ID)
 	case e.Source == "":
 		return fmt.Errorf("%w: %s: missing source", ErrInvalid, e.ID)
 	case e.Subject == "":
@@ -93,6 +97,24 @@ func (e Envelope) Decode(v any) error {
 		}
 	}
 	return nil
+}
+
+// Minted is when e's id was made: the time a UUIDv7 carries, to the
+// millisecond. An inbox keeps its record of an event for the retention
+// period from this time.
+func (e Envelope) Minted() time.Time {
+	sec, nsec := e.ID.Time().UnixTime()
+	return time.Unix(sec, nsec)
+}
+
+// FirstIDAt is the least UUIDv7 minted in t's millisecond: every id minted
+// earlier sorts below it, as bytes and as PostgreSQL's uuid.
+func FirstIDAt(t time.Time) uuid.UUID {
+	var id uuid.UUID
+	binary.BigEndian.PutUint64(id[:8], uint64(t.UnixMilli())<<16)
+	id[6] = 0x70 // version 7
+	id[8] = 0x80 // RFC 9562 variant
+	return id
 }
 
 // Caused returns a new event that e caused: about the same subject and in the

@@ -1,9 +1,11 @@
 package event_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
@@ -43,15 +45,21 @@ func TestEnvelopeRoundTripsThroughNATSMessage(t *testing.T) {
 	require.Equal(t, payload, decoded)
 }
 
-func TestInvalidEventsWrapErrInvalid(t *testing.T) {
-	t.Parallel()
-	good, err := event.New("order", event.OrderPlaced, "o1", event.OrderPlacedV1{
+// placed returns a valid OrderPlaced event.
+func placed(t *testing.T) event.Envelope {
+	t.Helper()
+	env, err := event.New("order", event.OrderPlaced, "o1", event.OrderPlacedV1{
 		Order:      event.Order{OrderID: uuid.New(), CustomerID: "c"},
 		Lines:      event.Lines{{SKU: "s", Quantity: 1, UnitPriceCents: 1}},
 		TotalCents: 1,
 	})
 	require.NoError(t, err)
-	msg, err := good.Msg()
+	return env
+}
+
+func TestInvalidEventsWrapErrInvalid(t *testing.T) {
+	t.Parallel()
+	msg, err := placed(t).Msg()
 	require.NoError(t, err)
 
 	tests := []struct {
@@ -61,6 +69,7 @@ func TestInvalidEventsWrapErrInvalid(t *testing.T) {
 	}{
 		{"no specversion", func(h map[string][]string) []byte { delete(h, event.HeaderSpecVersion); return msg.Data }, nil},
 		{"bad id", func(h map[string][]string) []byte { h[event.HeaderID] = []string{"x"}; return msg.Data }, nil},
+		{"id not a UUIDv7", func(h map[string][]string) []byte { h[event.HeaderID] = []string{uuid.NewString()}; return msg.Data }, nil},
 		{"unknown type", func(h map[string][]string) []byte { h[event.HeaderType] = []string{"nope.v1"}; return msg.Data }, nil},
 		{"bad time", func(h map[string][]string) []byte { h[event.HeaderTime] = []string{"yesterday"}; return msg.Data }, nil},
 		{"empty body", func(map[string][]string) []byte { return nil }, nil},
@@ -97,6 +106,24 @@ func TestInvalidEventsWrapErrInvalid(t *testing.T) {
 			require.True(t, errors.Is(err, event.ErrInvalid), "got %v", err)
 		})
 	}
+}
+
+// The inbox's retention deletes an event's record by the time in its id:
+// FirstIDAt must sort below every id of its millisecond and above every
+// earlier one, in PostgreSQL's order (bytewise) as in Go's.
+func TestFirstIDAtBoundsTheIDsMintedBefore(t *testing.T) {
+	t.Parallel()
+	env := placed(t)
+	minted := env.Minted()
+	require.WithinDuration(t, env.Time, minted, time.Second)
+
+	bound := event.FirstIDAt(minted)
+	require.Equal(t, 7, int(bound.Version()))
+	require.Equal(t, uuid.RFC4122, bound.Variant())
+	require.True(t, event.Envelope{ID: bound}.Minted().Equal(minted))
+	require.LessOrEqual(t, bytes.Compare(bound[:], env.ID[:]), 0, "an id of the bound's millisecond sorts below it")
+	next := event.FirstIDAt(minted.Add(time.Millisecond))
+	require.Negative(t, bytes.Compare(env.ID[:], next[:]), "an id sorts below the next millisecond's bound")
 }
 
 func TestLinesTotalRefusesOverflow(t *testing.T) {

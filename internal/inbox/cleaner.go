@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox/internal/dbsqlc"
 )
 
@@ -32,7 +33,9 @@ type CleanerConfig struct {
 	BatchSize int
 }
 
-// Cleaner deletes processed_events rows older than the retention period.
+// Cleaner deletes the processed_events rows of events minted before the
+// retention period: their ids, UUIDv7s, carry that time, so the rows go in
+// primary key order and the table needs no index of its own for them.
 type Cleaner struct {
 	pool    *pgxpool.Pool
 	cfg     CleanerConfig
@@ -75,19 +78,21 @@ func (c *Cleaner) Run(ctx context.Context) error {
 	}
 }
 
-// Clean deletes the rows processed more than Retention ago, BatchSize rows
-// per statement, and returns how many it deleted.
+// Clean deletes the rows of events minted more than Retention ago,
+// BatchSize rows per statement, and returns how many it deleted. The
+// consumers dead-letter such an event rather than process it, so its row is
+// no longer needed.
 func (c *Cleaner) Clean(ctx context.Context) (int64, error) {
 	before := time.Now().Add(-c.cfg.Retention)
 	var total int64
 	for {
-		n, err := c.queries.DeleteProcessedBefore(ctx, c.pool, dbsqlc.DeleteProcessedBeforeParams{
-			Before:  before,
-			MaxRows: int32(c.cfg.BatchSize),
+		n, err := c.queries.DeleteMintedBefore(ctx, c.pool, dbsqlc.DeleteMintedBeforeParams{
+			BeforeID: event.FirstIDAt(before),
+			MaxRows:  int32(c.cfg.BatchSize),
 		})
 		total += n
 		if err != nil {
-			return total, fmt.Errorf("delete processed events before %s: %w", before.Format(time.RFC3339), err)
+			return total, fmt.Errorf("delete processed events minted before %s: %w", before.Format(time.RFC3339), err)
 		}
 		if n < int64(c.cfg.BatchSize) {
 			return total, nil

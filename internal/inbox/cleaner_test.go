@@ -19,15 +19,17 @@ func TestCleanerRemovesOldRowsOnly(t *testing.T) {
 	db := testenv.NewServiceDatabase(t, "")
 	logger := slog.New(slog.NewTextHandler(t.Output(), nil))
 
-	// insert adds a row per age, processed that long ago, and returns their ids.
+	// insert adds a row per age, of an event minted that long ago and
+	// processed now, and returns their ids: the cleaner goes by the time in
+	// the id, not by processed_at.
 	insert := func(ages ...time.Duration) []uuid.UUID {
 		var ids []uuid.UUID
 		for _, age := range ages {
-			id := uuid.New()
+			id := idMintedAt(t, time.Now().Add(-age))
 			_, err := db.Pool.Exec(ctx, `
-				INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, processed_at)
-				VALUES ('c', $1, 't', $2, 1, $2)`,
-				id, time.Now().Add(-age))
+				INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
+				VALUES ('c', $1, 't', now(), 1)`,
+				id)
 			require.NoError(t, err)
 			ids = append(ids, id)
 		}

@@ -5,13 +5,15 @@
 // consumer and event) and the dispatch of a durable pull consumer's
 // messages: a Consumer fetches them, records each event in processed_events
 // in the same transaction as its Handler's business writes, commits, and only
-// then acks. A Cleaner deletes the rows after the retention period.
+// then acks. A Cleaner deletes the rows of events minted before the
+// retention period, by the time in their UUIDv7 ids (a range of the primary
+// key, which leads with the event id).
 //
 // Guarantees, per consumer (the durable name is the inbox's consumer key):
 //
 //   - A handler's writes for an event are committed at most once, however
 //     often the event is delivered: the claim of the (consumer, event id)
-//     primary key is the first statement of the transaction (sent in one
+//     key is the first statement of the transaction (sent in one
 //     round trip with its BEGIN), and two deliveries racing each other are
 //     serialised by it.
 //   - No message is acked unless its transaction committed. A crash before
@@ -20,7 +22,8 @@
 //     drops as a duplicate.
 //   - A message that can never be processed — it does not decode, its
 //     handler returns a permanent error, it was delivered MaxDeliver times,
-//     or it is older than the retention period — is copied to the DLQ stream
+//     or it is older than the retention period (by its id's time or its
+//     own, whichever is earlier) — is copied to the DLQ stream
 //     ("dlq.<durable>", with the reason in a header) and terminated. A
 //     message is terminated only after its copy was stored; if the copy
 //     fails, the message is redelivered instead.

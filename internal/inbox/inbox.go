@@ -20,9 +20,11 @@ import (
 	"github.com/onceflow/onceflow/internal/postgres"
 )
 
-// DefaultRetention is how long processed_events rows are kept by default. It
-// must exceed the longest time after which an event can still be delivered:
-// the stream's max age (72h by default) plus the consumer's lag.
+// DefaultRetention is how long processed_events rows are kept by default,
+// counted from the time the event's id was minted. It must exceed the
+// longest time after which an event can still be delivered: its wait in the
+// producer's outbox, the stream's max age (72h by default) and the
+// consumer's lag.
 const DefaultRetention = 7 * 24 * time.Hour
 
 const (
@@ -112,8 +114,9 @@ type Config struct {
 	// redelivery (default 1s); it doubles with every delivery, up to a minute.
 	NakDelay time.Duration
 	// Retention must be the Cleaner's retention (default DefaultRetention).
-	// An older event may have lost its processed_events row, so it is
-	// dead-lettered rather than processed blindly.
+	// An event minted (or timed) earlier than that may have lost its
+	// processed_events row, so it is dead-lettered rather than processed
+	// blindly.
 	Retention time.Duration
 	// AfterCommit, when set, is called for each processed event after its
 	// transaction committed and before its ack: the window a crash leaves a

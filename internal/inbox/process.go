@@ -83,11 +83,16 @@ func (c *Consumer) decode(ctx context.Context, msg jetstream.Msg) (d *delivery, 
 		c.deadLetter(ctx, d, fmt.Sprintf("decode: %v", err))
 		return nil, false
 	}
-	// The processed_events row of an event older than the retention period
-	// may already be deleted, so a redelivery would not be recognised. The
-	// guard is sound because an event's time is never later than its first
-	// processing, so its row, if any, is younger than the event is.
-	if age := time.Since(d.ev.Time); age > c.cfg.Retention {
+	// The Cleaner deletes the processed_events row of an event minted
+	// more than the retention period ago, so a redelivery of it would not
+	// be recognised: it is dead-lettered instead. An event whose own time
+	// is that old is too, whatever its id says, so that an event that
+	// claims to be ancient is never processed blindly.
+	born := d.ev.Time
+	if minted := d.ev.Minted(); minted.Before(born) {
+		born = minted
+	}
+	if age := time.Since(born); age > c.cfg.Retention {
 		c.deadLetter(ctx, d, fmt.Sprintf("event %s is %s old, beyond the inbox retention of %s: it may have been processed already",
 			d.ev.ID, age.Round(time.Second), c.cfg.Retention))
 		return nil, false

@@ -115,6 +115,17 @@ func newEvent(t *testing.T) event.Envelope {
 	return ev
 }
 
+// idMintedAt returns a fresh UUIDv7 that carries the time at: an event id
+// made then.
+func idMintedAt(t *testing.T, at time.Time) uuid.UUID {
+	t.Helper()
+	id, err := uuid.NewV7()
+	require.NoError(t, err)
+	first := event.FirstIDAt(at)
+	copy(id[:6], first[:6])
+	return id
+}
+
 // msgOf returns ev's NATS message; a non-empty msgID replaces its
 // Nats-Msg-Id, so that a second publish bypasses the broker's dedup.
 func msgOf(t *testing.T, ev event.Envelope, msgID string) *nats.Msg {

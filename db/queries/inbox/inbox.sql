@@ -43,15 +43,20 @@ FROM (
 ) AS e
 ORDER BY e.event_id;
 
--- name: DeleteProcessedBefore :execrows
--- Deletes at most @max_rows rows processed before @before; the cleaner loops
--- until it deletes fewer, so no single statement holds locks for long.
+-- name: DeleteMintedBefore :execrows
+-- Deletes at most @max_rows rows of events whose ids were minted before
+-- @before_id (event ids are UUIDv7s, which sort by the time they were
+-- made), oldest first: a range of the primary key, then the rows by their
+-- physical address, so that neither side scans the table. The cleaner
+-- loops until it deletes fewer, so no single statement holds locks for
+-- long.
 DELETE FROM processed_events
-WHERE (consumer, event_id) IN (
-    SELECT p.consumer, p.event_id FROM processed_events p
-    WHERE p.processed_at < @before
+WHERE ctid = ANY (ARRAY(
+    SELECT p.ctid FROM processed_events p
+    WHERE p.event_id < @before_id
+    ORDER BY p.event_id
     LIMIT @max_rows
-);
+));
 
 -- name: PlanGeneric :exec
 -- Runs the rest of the transaction's prepared statements with their generic

@@ -134,24 +134,29 @@ func (q *Queries) ClaimNewEvents(ctx context.Context, db DBTX, arg ClaimNewEvent
 	return err
 }
 
-const deleteProcessedBefore = `-- name: DeleteProcessedBefore :execrows
+const deleteMintedBefore = `-- name: DeleteMintedBefore :execrows
 DELETE FROM processed_events
-WHERE (consumer, event_id) IN (
-    SELECT p.consumer, p.event_id FROM processed_events p
-    WHERE p.processed_at < $1
+WHERE ctid = ANY (ARRAY(
+    SELECT p.ctid FROM processed_events p
+    WHERE p.event_id < $1
+    ORDER BY p.event_id
     LIMIT $2
-)
+))
 `
 
-type DeleteProcessedBeforeParams struct {
-	Before  time.Time
-	MaxRows int32
+type DeleteMintedBeforeParams struct {
+	BeforeID uuid.UUID
+	MaxRows  int32
 }
 
-// Deletes at most @max_rows rows processed before @before; the cleaner loops
-// until it deletes fewer, so no single statement holds locks for long.
-func (q *Queries) DeleteProcessedBefore(ctx context.Context, db DBTX, arg DeleteProcessedBeforeParams) (int64, error) {
-	result, err := db.Exec(ctx, deleteProcessedBefore, arg.Before, arg.MaxRows)
+// Deletes at most @max_rows rows of events whose ids were minted before
+// @before_id (event ids are UUIDv7s, which sort by the time they were
+// made), oldest first: a range of the primary key, then the rows by their
+// physical address, so that neither side scans the table. The cleaner
+// loops until it deletes fewer, so no single statement holds locks for
+// long.
+func (q *Queries) DeleteMintedBefore(ctx context.Context, db DBTX, arg DeleteMintedBeforeParams) (int64, error) {
+	result, err := db.Exec(ctx, deleteMintedBefore, arg.BeforeID, arg.MaxRows)
 	if err != nil {
 		return 0, err
 	}
