@@ -17,14 +17,20 @@ import (
 const (
 	defaultCleanInterval  = time.Hour
 	defaultCleanBatchSize = 10_000
+	// cleanMargin is how much longer than the retention a row is kept. A
+	// consumer that let an event through its retention guard just before
+	// the retention ran out claims it moments later (within a batch's
+	// processing), and must still find the row of an earlier processing.
+	cleanMargin = time.Hour
 )
 
 // CleanerConfig configures a Cleaner. Zero values take the defaults.
 type CleanerConfig struct {
-	// Retention is how long rows are kept (default DefaultRetention). It must
-	// equal the consumers' Config.Retention and exceed the stream's max age
-	// plus the consumers' lag: a redelivery whose row is gone would be
-	// processed again, were it not for the consumers' retention guard.
+	// Retention is how long rows are kept, from the time in the event's id,
+	// plus an hour's margin (default DefaultRetention). It must equal the
+	// consumers' Config.Retention and exceed the stream's max age plus the
+	// consumers' lag: a redelivery whose row is gone would be processed
+	// again, were it not for the consumers' retention guard.
 	Retention time.Duration
 	// Interval is the time between two cleanings (default 1h).
 	Interval time.Duration
@@ -78,12 +84,12 @@ func (c *Cleaner) Run(ctx context.Context) error {
 	}
 }
 
-// Clean deletes the rows of events minted more than Retention ago,
-// BatchSize rows per statement, and returns how many it deleted. The
-// consumers dead-letter such an event rather than process it, so its row is
-// no longer needed.
+// Clean deletes the rows of events minted more than Retention (and
+// cleanMargin) ago, BatchSize rows per statement, and returns how many it
+// deleted. The consumers dead-letter such an event rather than process it,
+// so its row is no longer needed.
 func (c *Cleaner) Clean(ctx context.Context) (int64, error) {
-	before := time.Now().Add(-c.cfg.Retention)
+	before := time.Now().Add(-c.cfg.Retention - cleanMargin)
 	var total int64
 	for {
 		n, err := c.queries.DeleteMintedBefore(ctx, c.pool, dbsqlc.DeleteMintedBeforeParams{

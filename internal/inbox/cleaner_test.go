@@ -49,8 +49,10 @@ func TestCleanerRemovesOldRowsOnly(t *testing.T) {
 	}
 
 	const day = 24 * time.Hour
-	old := insert(8*day, 9*day, 30*day, 7*day+time.Minute, 365*day)
-	young := insert(time.Minute, day, 7*day-time.Hour)
+	// Rows are kept an hour beyond the retention, for a consumer that let
+	// an event through its retention guard just before it ran out.
+	old := insert(8*day, 9*day, 30*day, 7*day+61*time.Minute, 365*day)
+	young := insert(time.Minute, day, 7*day-time.Hour, 7*day+59*time.Minute)
 
 	// Default retention of 7 days; two rows per statement, so that Clean has
 	// to loop.
