@@ -108,10 +108,14 @@ func (e Envelope) Minted() time.Time {
 }
 
 // FirstIDAt is the least UUIDv7 minted in t's millisecond: every id minted
-// earlier sorts below it, as bytes and as PostgreSQL's uuid.
+// earlier sorts below it, as bytes and as PostgreSQL's uuid. A t outside
+// what a UUIDv7 can carry (before 1970, or after its 48-bit millisecond
+// count) takes the nearest end, so that a bound never wraps around.
 func FirstIDAt(t time.Time) uuid.UUID {
+	const maxMilli = 1<<48 - 1
+	ms := min(max(t.UnixMilli(), 0), maxMilli)
 	var id uuid.UUID
-	binary.BigEndian.PutUint64(id[:8], uint64(t.UnixMilli())<<16)
+	binary.BigEndian.PutUint64(id[:8], uint64(ms)<<16)
 	id[6] = 0x70 // version 7
 	id[8] = 0x80 // RFC 9562 variant
 	return id

@@ -124,6 +124,13 @@ func TestFirstIDAtBoundsTheIDsMintedBefore(t *testing.T) {
 	require.LessOrEqual(t, bytes.Compare(bound[:], env.ID[:]), 0, "an id of the bound's millisecond sorts below it")
 	next := event.FirstIDAt(minted.Add(time.Millisecond))
 	require.Negative(t, bytes.Compare(env.ID[:], next[:]), "an id sorts below the next millisecond's bound")
+
+	// A retention longer than the epoch must not wrap the bound around
+	// (which would make every id older than it).
+	early := event.FirstIDAt(time.Date(1900, 1, 1, 0, 0, 0, 0, time.UTC))
+	require.Negative(t, bytes.Compare(early[:], env.ID[:]))
+	late := event.FirstIDAt(time.Date(20000, 1, 1, 0, 0, 0, 0, time.UTC))
+	require.Positive(t, bytes.Compare(late[:], env.ID[:]))
 }
 
 func TestLinesTotalRefusesOverflow(t *testing.T) {
