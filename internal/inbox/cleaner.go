@@ -26,11 +26,11 @@ const (
 
 // CleanerConfig configures a Cleaner. Zero values take the defaults.
 type CleanerConfig struct {
-	// Retention is how long rows are kept, from the time in the event's id,
-	// plus an hour's margin (default DefaultRetention). It must equal the
-	// consumers' Config.Retention and exceed the stream's max age plus the
-	// consumers' lag: a redelivery whose row is gone would be processed
-	// again, were it not for the consumers' retention guard.
+	// Retention is how long rows are kept, counted from the time in the
+	// event's id (default DefaultRetention); the Cleaner adds cleanMargin.
+	// It must equal the consumers' Config.Retention and exceed the stream's
+	// max age plus the consumers' lag: a redelivery whose row is gone would
+	// be processed again, were it not for the consumers' retention guard.
 	Retention time.Duration
 	// Interval is the time between two cleanings (default 1h).
 	Interval time.Duration

@@ -84,8 +84,8 @@ func (c *Consumer) decode(ctx context.Context, msg jetstream.Msg) (d *delivery, 
 		return nil, false
 	}
 	// The Cleaner deletes the processed_events row of an event minted
-	// more than the retention period ago, so a redelivery of it would not
-	// be recognised: it is dead-lettered instead. An event whose own time
+	// more than the retention period (and its margin) ago, so a redelivery
+	// of it would not be recognised: it is dead-lettered instead. An event whose own time
 	// is that old is too, whatever its id says, so that an event that
 	// claims to be ancient is never processed blindly.
 	born := d.ev.Time
