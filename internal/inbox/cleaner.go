@@ -90,12 +90,10 @@ func (c *Cleaner) Run(ctx context.Context) error {
 // so its row is no longer needed.
 func (c *Cleaner) Clean(ctx context.Context) (int64, error) {
 	before := time.Now().Add(-c.cfg.Retention - cleanMargin)
+	arg := dbsqlc.DeleteMintedBeforeParams{BeforeID: event.FirstIDAt(before), MaxRows: int32(c.cfg.BatchSize)}
 	var total int64
 	for {
-		n, err := c.queries.DeleteMintedBefore(ctx, c.pool, dbsqlc.DeleteMintedBeforeParams{
-			BeforeID: event.FirstIDAt(before),
-			MaxRows:  int32(c.cfg.BatchSize),
-		})
+		n, err := c.queries.DeleteMintedBefore(ctx, c.pool, arg)
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("delete processed events minted before %s: %w", before.Format(time.RFC3339), err)
