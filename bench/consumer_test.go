@@ -194,7 +194,7 @@ func (n *naive) process(ctx context.Context, msgs []jetstream.Msg) error {
 		}
 		return nil
 	case n.mode.setBased:
-		if err := inTx(ctx, n.pool, func(tx pgx.Tx) error { return handleDebits(ctx, tx, evs, nil) }); err != nil {
+		if err := inTxBehind(ctx, n.pool, func(tx pgx.Tx) error { return handleDebits(ctx, tx, evs, nil) }); err != nil {
 			return err
 		}
 	default:
@@ -215,29 +215,17 @@ func (n *naive) process(ctx context.Context, msgs []jetstream.Msg) error {
 	return ack(msgs)
 }
 
-// inTxBehind is inTx as the inbox runs a per-event handler: its :exec
-// writes are queued (postgres.WriteBehind) and sent with the COMMIT.
+// inTxBehind is inTx as the inbox runs a handler: BEGIN goes with the
+// first statement that answers, or with the COMMIT, and the handler's
+// :exec writes (postgres.WriteBehind) go with the COMMIT too.
 func inTxBehind(ctx context.Context, pool *pgxpool.Pool, f func(pgx.Tx) error) error {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if conn.Conn().PgConn().TxStatus() != 'I' {
-			_ = tx.Rollback(ctx)
-		}
-	}()
-	wb := postgres.WriteBehind(tx)
+	begin := postgres.BeginWith(pool)
+	defer begin.End(ctx)
+	wb := postgres.WriteBehind(begin.Tx())
 	if err := f(wb); err != nil {
 		return err
 	}
-	_, err = wb.Writes().Then(conn).Exec(ctx, "COMMIT")
-	return err
+	return begin.Commit(ctx, wb.Writes())
 }
 
 // fetch is the inbox consumer's fetch: what is waiting, up to max, else the

@@ -87,15 +87,13 @@ func (s *Store) Do(ctx context.Context, req Request, fn Func) (resp Response, re
 		LockTimeout: s.lockTimeout(),
 	})
 	defer begin.End(ctx) // rolls back unless committed
-	tx, err := begin.Tx()
+	tx := begin.Tx()
 	claimed := !errors.Is(claimErr, pgx.ErrNoRows) // no row: the key was claimed before
 	switch {
 	case postgres.IsLockNotAvailable(claimErr):
 		return Response{}, false, ErrInFlight
 	case claimed && claimErr != nil:
 		return Response{}, false, fmt.Errorf("claim idempotency key: %w", claimErr)
-	case err != nil:
-		return Response{}, false, fmt.Errorf("begin: %w", err)
 	case !claimed:
 		if resp, err = s.stored(ctx, tx, req); err != nil {
 			return Response{}, false, err

@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -30,6 +31,20 @@ func writeEffects(ctx context.Context, _ pgx.Tx, evs []event.Envelope, writes *p
 	return err
 }
 
+// readThenWriteEffects is writeEffects after a read of the batch's effects,
+// as a set-based handler reads the rows it will update.
+func readThenWriteEffects(ctx context.Context, tx pgx.Tx, evs []event.Envelope, writes *postgres.Pipeline) error {
+	ids := make([]uuid.UUID, len(evs))
+	for i, ev := range evs {
+		ids[i] = ev.ID
+	}
+	var n int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM effects WHERE event_id = ANY($1::uuid[])`, ids).Scan(&n); err != nil {
+		return err
+	}
+	return writeEffects(ctx, tx, evs, writes)
+}
+
 // batchRecorder is a BatchHandler that records the events of each call.
 type batchRecorder struct {
 	mu    sync.Mutex
@@ -55,15 +70,11 @@ func (r *batchRecorder) batches() int {
 	return len(r.calls)
 }
 
-// seen is every event the handler was called with, in call order.
-func (r *batchRecorder) seen() []uuid.UUID {
+// all is the events of each call, in call order.
+func (r *batchRecorder) all() [][]uuid.UUID {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var all []uuid.UUID
-	for _, c := range r.calls {
-		all = append(all, c...)
-	}
-	return all
+	return slices.Clone(r.calls)
 }
 
 func TestBatchHandlerGetsTheNewEventsInFetchOrder(t *testing.T) {
@@ -91,7 +102,11 @@ func TestBatchHandlerGetsTheNewEventsInFetchOrder(t *testing.T) {
 	require.EventuallyWithT(t, func(c2 *assert.CollectT) {
 		assert.Equal(c2, inbox.Stats{Processed: 3, Duplicates: 2}, c.Stats())
 	}, waitFor, tick)
-	require.Equal(t, []uuid.UUID{ev1.ID, ev2.ID, ev3.ID}, rec.seen(), "new events only, in fetch order")
+	// The batch of first deliveries was claimed on the bet that its events
+	// were new, ahead of the handler's statements: it lost, and the batch
+	// ran again, claimed asking which were new.
+	require.Equal(t, [][]uuid.UUID{{ev1.ID, old.ID, ev2.ID, ev3.ID}, {ev1.ID, ev2.ID, ev3.ID}}, rec.all(),
+		"every event once, then the new ones only, in fetch order")
 	require.Zero(t, perEvent.Load(), "the per-event handler is only the fallback")
 	for _, ev := range []event.Envelope{ev1, ev2, ev3} {
 		require.EqualValues(t, 1, e.effects(t, ev.ID))
@@ -101,10 +116,11 @@ func TestBatchHandlerGetsTheNewEventsInFetchOrder(t *testing.T) {
 	e.requireSettled(t)
 }
 
-// A set-based batch's writes run with their generic plans, planned once
-// (PostgreSQL would plan them for each batch's arrays), and the
-// transaction's end restores the session's plan_cache_mode.
-func TestBatchWritesRunGenericPlans(t *testing.T) {
+// A set-based batch's reads are planned for their arguments (a generic
+// plan would assume ten elements in an array) and its writes run with their
+// generic plans, planned once (PostgreSQL would plan them for each batch's
+// arrays); the transaction's end restores the session's plan_cache_mode.
+func TestBatchReadsArePlannedPerCallAndWritesGeneric(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	e := setup(t, streams.Consumer{})
@@ -114,10 +130,13 @@ func TestBatchWritesRunGenericPlans(t *testing.T) {
 	}
 	cfg := e.db.Pool.Config()
 	cfg.MaxConns = 1 // the session looked at below is the consumer's
+	// A session that would run every prepared statement with its generic
+	// plan, as PostgreSQL may choose to after five calls.
+	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	rec := &batchRecorder{next: writeEffects}
+	rec := &batchRecorder{next: readThenWriteEffects}
 	c := inbox.New(pool, e.js, inbox.Config{
 		Stream: testStream, Durable: testDurable, Batched: true, BatchSize: 3, BatchHandler: rec.handle,
 	}, writeEffect, e.logger)
@@ -128,13 +147,70 @@ func TestBatchWritesRunGenericPlans(t *testing.T) {
 
 	var mode string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&mode))
-	require.Equal(t, "auto", mode)
-	var generic, custom int
-	require.NoError(t, pool.QueryRow(ctx,
-		`SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE 'INSERT INTO effects%'`).
-		Scan(&generic, &custom))
-	require.Equal(t, rec.batches(), generic, "one generic plan run per batch")
+	require.Equal(t, "force_generic_plan", mode)
+	plans := func(statement string) (generic, custom int) {
+		require.NoError(t, pool.QueryRow(ctx,
+			`SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE $1`, statement).
+			Scan(&generic, &custom))
+		return generic, custom
+	}
+	generic, custom := plans(`SELECT count(*) FROM effects%`)
+	require.Zero(t, generic, "the reads' generic plans")
+	require.Equal(t, rec.batches(), custom, "one plan per batch for the reads")
+	generic, custom = plans(`INSERT INTO effects%`)
+	require.Equal(t, rec.batches(), generic, "one generic plan run per batch for the writes")
 	require.Zero(t, custom)
+}
+
+// A first delivery's claim goes with BEGIN in the round trip of the
+// handler's first statement that needs an answer, or of the COMMIT: a
+// transaction costs a round trip per answer its handlers need, plus one for
+// their last writes and the COMMIT, and none for the claim.
+func TestFirstDeliveriesAreClaimedWithTheHandlersFirstStatement(t *testing.T) {
+	t.Parallel()
+	readThenWrite := func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM effects WHERE event_id = $1`, ev.ID).Scan(&n); err != nil {
+			return err
+		}
+		return writeEffect(ctx, tx, ev)
+	}
+	const events = 3
+	for _, tc := range []struct {
+		name    string
+		cfg     inbox.Config
+		handler inbox.Handler
+		trips   int64
+	}{
+		{"unbatched, a write", inbox.Config{}, writeEffect, events},
+		{"unbatched, a read and a write", inbox.Config{}, readThenWrite, 2 * events},
+		{"batched, a write each", inbox.Config{Batched: true}, writeEffect, 1},
+		// The first read carries BEGIN and the claim, the others the
+		// writes before them, the COMMIT the last write.
+		{"batched, a read and a write each", inbox.Config{Batched: true}, readThenWrite, events + 1},
+		{"set-based, a read and a write", inbox.Config{Batched: true, BatchHandler: readThenWriteEffects}, writeEffect, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, streams.Consumer{})
+			for range events {
+				e.publish(t, newEvent(t))
+			}
+			pool, trips := e.db.CountingPool(t)
+			cfg := tc.cfg
+			cfg.Stream, cfg.Durable, cfg.BatchSize = testStream, testDurable, 10
+			c := inbox.New(pool, e.js, cfg, tc.handler, e.logger)
+			run(t, c)
+			require.EventuallyWithT(t, func(c2 *assert.CollectT) {
+				assert.Equal(c2, inbox.Stats{Processed: events}, c.Stats())
+			}, waitFor, tick)
+			require.Equal(t, tc.trips, trips.Load())
+			require.EqualValues(t, events, e.claims(t))
+			effects, err := e.count(t.Context(), `SELECT count(*) FROM effects`)
+			require.NoError(t, err)
+			require.EqualValues(t, events, effects)
+		})
+	}
 }
 
 func TestBatchHandlerFailureFallsBackEventByEvent(t *testing.T) {

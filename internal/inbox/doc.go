@@ -12,10 +12,16 @@
 // Guarantees, per consumer (the durable name is the inbox's consumer key):
 //
 //   - A handler's writes for an event are committed at most once, however
-//     often the event is delivered: the claim of the (consumer, event id)
-//     key is the first statement of the transaction (sent in one
-//     round trip with its BEGIN), and two deliveries racing each other are
-//     serialised by it.
+//     often the event is delivered: the claim of the (event id, consumer)
+//     key is the first statement of the transaction, and two deliveries
+//     racing each other are serialised by it. It is sent with BEGIN: for a
+//     redelivery, which may have been processed before, on its own round
+//     trip, asking whether the event is new before the handler runs; for a
+//     first delivery, as a plain insert queued ahead of the handler's first
+//     statement (or with the COMMIT), in that statement's round trip. If
+//     the event was processed before all the same, the insert fails, the
+//     handler's statements and the COMMIT with it, and the event is a
+//     duplicate.
 //   - No message is acked unless its transaction committed. A crash before
 //     the commit leaves nothing behind and the message is redelivered; a
 //     crash between commit and ack leads to a redelivery that the claim
@@ -35,10 +41,10 @@
 //
 // With Config.Batched, a fetched batch shares one transaction and one claim
 // statement: for a batch of first deliveries a plain insert, on the bet that
-// none of its events was processed before (cheaper than ON CONFLICT; a
-// batch that loses the bet is claimed again with ON CONFLICT DO NOTHING in
-// a new transaction), and for a batch with a redelivery ON CONFLICT DO
-// NOTHING at once. One failure undoes only that event's writes and claim: the
+// none of its events was processed before (cheaper than ON CONFLICT, and
+// queued ahead of the handlers' first statement; a batch that loses the
+// bet runs again, claimed with ON CONFLICT DO NOTHING), and for a batch
+// with a redelivery ON CONFLICT DO NOTHING at once. One failure undoes only that event's writes and claim: the
 // handlers run in turn right after the claim; when one fails, the
 // transaction is rolled back and the batch runs again in a new one without
 // the failed event. (Savepoints would cost two round trips each, on every

@@ -57,12 +57,19 @@ func isPermanent(err error) bool {
 }
 
 // Handler applies one event's effect. It runs inside the inbox transaction,
-// after the event was claimed, and must write through tx only; it never
-// commits or rolls back tx itself. An error rolls back the transaction;
-// wrap it with Permanent if a retry cannot succeed. In batched mode, when
-// another event of the batch fails, a handler that succeeded sees its
-// writes rolled back and is called again for the same event in a new
-// transaction.
+// whose claim of the event runs before the handler's statements, and must
+// write through tx only; it never commits or rolls back tx itself. An error
+// rolls back the transaction; wrap it with Permanent if a retry cannot
+// succeed. In batched mode, when another event of the batch fails, a
+// handler that succeeded sees its writes rolled back and is called again
+// for the same event in a new transaction.
+//
+// A first delivery's claim is queued ahead of the handler's first
+// statement and answers with it: the handler may run for
+// an event that turns out to have been processed before (published again
+// past the broker's duplicate window). Its statements then fail with the
+// claim's unique violation, nothing it wrote commits, and the inbox drops
+// the event as a duplicate whatever the handler returned.
 //
 // tx queues the handler's sqlc :exec statements (postgres.WriteBehind):
 // they are sent ahead of its next statement that answers, or of the next
@@ -76,10 +83,14 @@ type Handler func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
 // BatchHandler is the optional set-based form of a Handler: it applies the
 // effects of all the new events of a batch at once (e.g. one UPDATE … FROM
 // unnest(…) instead of one UPDATE per event), inside the inbox transaction,
-// after the batch's events were claimed. It receives them in fetch order and
-// must leave the database exactly as the Handler would, called for each
-// event in that order. It writes through tx, whose statements PostgreSQL
-// plans for their arguments each time (postgres.PlanEachCall): a batch's
+// whose claim of the batch runs before the handler's statements. It
+// receives them in fetch order and must leave the database exactly as the
+// Handler would, called for each event in that order. As with a Handler, a
+// batch of first deliveries is claimed ahead of the handler's first
+// statement, on the bet that all its events are new: if one is not, the
+// handler's statements fail, nothing commits, and it is called again with
+// the new events only. It writes through tx, whose statements PostgreSQL
+// plans for their arguments each time (the PlanEachCall query): a batch's
 // arrays would defeat a cached generic plan. The writes that need no answer
 // (the batch's updates, inserts and outbox rows) it queues on writes: the
 // inbox sends them with the COMMIT, in one round trip. An error, returned

@@ -106,29 +106,45 @@ func (c *Consumer) decode(ctx context.Context, msg jetstream.Msg) (d *delivery, 
 func (c *Consumer) processTx(ctx context.Context, d *delivery) {
 	t := c.startTx(1)
 	defer func() { t.done(d.err) }()
-	begin := postgres.BeginWith(c.pool) // BEGIN goes with the claim
-	_, claimErr := c.queries.ClaimEvent(ctx, begin, dbsqlc.ClaimEventParams{
+	begin := postgres.BeginWith(c.pool)
+	defer begin.End(ctx)
+	claim := dbsqlc.ClaimEventParams{
 		Consumer:  c.cfg.Durable,
 		EventID:   d.ev.ID,
 		EventType: string(d.ev.Type),
 		EventTime: d.ev.Time,
 		StreamSeq: int64(d.meta.Sequence.Stream),
-	})
-	defer begin.End(ctx)
-	tx, err := begin.Tx()
-	switch {
-	case errors.Is(claimErr, pgx.ErrNoRows):
-		d.outcome = duplicate
-		return
-	case claimErr != nil:
-		d.fail(fmt.Errorf("claim: %w", claimErr))
-		return
-	case err != nil:
-		d.fail(fmt.Errorf("begin: %w", err))
-		return
+	}
+	if d.meta.NumDelivered > 1 {
+		// A redelivery may have been processed before: the claim asks, in
+		// BEGIN's round trip, before the handler runs.
+		_, err := c.queries.ClaimEvent(ctx, begin, claim)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			d.outcome = duplicate
+			return
+		case err != nil:
+			d.fail(fmt.Errorf("claim: %w", err))
+			return
+		}
+	} else {
+		// A first delivery was not processed before, unless it was
+		// published again past the broker's duplicate window: its claim
+		// goes ahead of the handler's first statement (see claimAhead),
+		// and if the bet is lost, the event is a duplicate.
+		ahead, claimErr := claimAhead(begin)
+		_ = c.queries.ClaimNewEvent(ctx, ahead, dbsqlc.ClaimNewEventParams(claim)) // queued
+		defer func() {
+			switch err := claimErr(); {
+			case postgres.IsUniqueViolation(err):
+				d.outcome, d.err = duplicate, nil
+			case err != nil:
+				d.fail(fmt.Errorf("claim: %w", err))
+			}
+		}()
 	}
 	// The handler's :exec writes go with its next read, or the COMMIT.
-	wb := postgres.WriteBehind(tx)
+	wb := postgres.WriteBehind(begin.Tx())
 	end, herr := c.handle(ctx, wb, 0, d.ev)
 	defer end()
 	if werr := wb.Err(); werr != nil {
@@ -197,11 +213,22 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []jetstream.Msg) {
 // the failed event, or with the per-event handler when the batch handler
 // failed. So a failure undoes only its own event, at the cost of running
 // the events before it again. It records every delivery's outcome.
+//
+// A batch of first deliveries is claimed on the bet that none of its
+// events was processed before (see batchTx). The bet is lost only by an
+// event published again after the broker's duplicate window (a re-drive, a
+// producer that re-emits) or by a batch that repeats an event; the batch is
+// then run again, claimed as a batch with a redelivery is at once: asking
+// which of its events are new before the handlers run.
 func (c *Consumer) runBatch(ctx context.Context, ds []*delivery) {
 	setBased := c.cfg.BatchHandler != nil
+	bet := !slices.ContainsFunc(ds, func(d *delivery) bool { return d.meta.NumDelivered > 1 })
 	for len(ds) > 0 {
-		failed, herr, err := c.batchTx(ctx, ds, setBased)
+		failed, herr, err := c.batchTx(ctx, ds, setBased, bet)
 		switch {
+		case errors.Is(err, errProcessedBefore) && bet:
+			c.logger.DebugContext(ctx, "a batch of first deliveries holds an event processed before; claiming it again", "events", len(ds))
+			bet = false
 		case err != nil:
 			// Nothing of the batch was committed: every message is retried.
 			for _, d := range ds {
@@ -220,13 +247,25 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*delivery) {
 	}
 }
 
+// errProcessedBefore is the failure of a batch's claim on the bet that its
+// events are new, when one of them is not.
+var errProcessedBefore = errors.New("an event of the batch was processed before")
+
 // batchTx claims the events of ds with one statement, runs the handlers for
 // the new ones in fetch order — the batch handler when setBased — and
 // commits, recording each delivery's outcome. When a handler fails it rolls
 // back and returns the failed event's index in ds (-1 for the batch
 // handler) and the handler's error; err is the failure of the transaction
 // as a whole.
-func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (failed int, herr, err error) {
+//
+// With bet, the claim is a plain insert of every event, which costs
+// PostgreSQL less than ON CONFLICT and needs no answer: it goes ahead of
+// the handlers' first statement (see claimAhead), and the handlers get
+// every event. If one was processed before, the claim fails, the
+// transaction with it, and err is errProcessedBefore. Without bet, the
+// claim asks which events are new (ON CONFLICT DO NOTHING), in BEGIN's
+// round trip, and the handlers get those.
+func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased, bet bool) (failed int, herr, err error) {
 	t := c.startTx(len(ds))
 	defer func() { t.done(errors.Join(err, herr)) }() // a failed handler rolled it back too
 	// Claimed in event id order (the query sorts too), so that two batches
@@ -248,14 +287,24 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 		claim.EventTimes[i] = d.ev.Time
 		claim.StreamSeqs[i] = int64(d.meta.Sequence.Stream)
 	}
-	begin, claimed, claimErr := c.claimBatch(ctx, ds, claim)
+	begin := postgres.BeginWith(c.pool)
 	defer begin.End(ctx)
-	tx, err := begin.Tx()
-	switch {
-	case claimErr != nil:
-		return 0, nil, fmt.Errorf("claim: %w", claimErr)
-	case err != nil:
-		return 0, nil, fmt.Errorf("begin: %w", err)
+	claimed := claim.EventIds
+	if bet {
+		ahead, claimErr := claimAhead(begin)
+		_ = c.queries.ClaimNewEvents(ctx, ahead, dbsqlc.ClaimNewEventsParams(claim)) // queued
+		defer func() {
+			// The claim failed, and with it what carried it: the handlers'
+			// and the transaction's failures are the claim's.
+			switch cerr := claimErr(); {
+			case postgres.IsUniqueViolation(cerr):
+				failed, herr, err = 0, nil, errProcessedBefore
+			case cerr != nil:
+				failed, herr, err = 0, nil, fmt.Errorf("claim: %w", cerr)
+			}
+		}()
+	} else if claimed, err = c.queries.ClaimEvents(ctx, begin, claim); err != nil {
+		return 0, nil, fmt.Errorf("claim: %w", err)
 	}
 	isNew := make(map[uuid.UUID]bool, len(claimed))
 	for _, id := range claimed {
@@ -279,19 +328,20 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 	)
 	if len(fresh) > 0 {
 		if setBased {
+			// The handler's reads are planned for their arguments, its
+			// writes with their generic plans. Queued: their errors are
+			// the statements' behind them.
+			_ = c.queries.PlanEachCall(ctx, begin.Ahead())
 			writes = &postgres.Pipeline{}
 			writes.AfterSend(func(err error) { writesErr = err })
-			// The handler's reads are planned for their arguments, its
-			// writes with their generic plans (see PlanGeneric). Queued:
-			// the error is the COMMIT's.
 			_ = c.queries.PlanGeneric(ctx, writes)
-			end, herr := c.handleBatch(ctx, postgres.PlanEachCall(tx), fresh, writes)
+			end, herr := c.handleBatch(ctx, begin.Tx(), fresh, writes)
 			defer end()
 			if herr != nil {
 				return -1, herr, nil
 			}
 		} else {
-			wb = postgres.WriteBehind(tx)
+			wb = postgres.WriteBehind(begin.Tx())
 			var ends []func() // of the handlers' observations
 			defer func() {
 				for _, end := range ends {
@@ -336,31 +386,19 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased bool) (
 	return 0, nil, nil
 }
 
-// claimBatch begins a batch's transaction with its claim, BEGIN and the
-// claim in one round trip, and returns the ids of the batch's new events.
-// The caller must End the transaction whatever happened.
-//
-// A batch of first deliveries is claimed with a plain insert
-// (ClaimNewEvents), on the bet that none of its events was processed
-// before, which costs PostgreSQL less than ON CONFLICT. The bet is lost
-// only by an event published again after the broker's duplicate window
-// (a re-drive, a producer that re-emits) or by a batch that repeats an
-// event; the batch is then claimed again, ON CONFLICT DO NOTHING, in a
-// new transaction: two more round trips. A batch with a redelivery, which
-// may have been processed before, is claimed that way at once.
-func (c *Consumer) claimBatch(ctx context.Context, ds []*delivery, claim dbsqlc.ClaimEventsParams) (*postgres.TxStart, []uuid.UUID, error) {
-	if !slices.ContainsFunc(ds, func(d *delivery) bool { return d.meta.NumDelivered > 1 }) {
-		begin := postgres.BeginWith(c.pool) // BEGIN goes with the claim
-		err := c.queries.ClaimNewEvents(ctx, begin, dbsqlc.ClaimNewEventsParams(claim))
-		if err == nil || !postgres.IsUniqueViolation(err) {
-			return begin, claim.EventIds, err
-		}
-		begin.End(ctx)
-		c.logger.DebugContext(ctx, "a batch of first deliveries holds an event processed before; claiming it again", "events", len(ds))
-	}
-	begin := postgres.BeginWith(c.pool)
-	claimed, err := c.queries.ClaimEvents(ctx, begin, claim)
-	return begin, claimed, err
+// claimAhead returns begin's Ahead pipeline, on which the caller queues a
+// claim that needs no answer, and a function that gives the claim's
+// failure once it was sent (nil before, and after it succeeded). The claim
+// then goes to the server in the round trip of the handler's first
+// statement, after BEGIN, or with the COMMIT if the handler sends none: one
+// round trip less than a claim sent on its own. The handler runs before
+// the claim is answered; if the claim fails, every statement behind it
+// fails with its error, and the transaction cannot commit.
+func claimAhead(begin *postgres.TxStart) (*postgres.Pipeline, func() error) {
+	var claimErr error
+	ahead := begin.Ahead()
+	ahead.AfterSend(func(err error) { claimErr = err })
+	return ahead, func() error { return claimErr }
 }
 
 // settle acks, naks or dead-letters d's message according to its outcome.

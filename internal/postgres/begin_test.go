@@ -26,9 +26,7 @@ func TestBeginWithOpensTheTransactionOfItsStatement(t *testing.T) {
 	b := postgres.BeginWith(db.Pool)
 	_, err = b.Exec(ctx, "INSERT INTO effects VALUES (1)")
 	require.NoError(t, err)
-	tx, err := b.Tx()
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, "INSERT INTO effects VALUES (2)")
+	_, err = b.Tx().Exec(ctx, "INSERT INTO effects VALUES (2)")
 	require.NoError(t, err)
 	var writes postgres.Pipeline
 	exec(t, &writes, "INSERT INTO effects VALUES (3)")
@@ -42,8 +40,6 @@ func TestBeginWithOpensTheTransactionOfItsStatement(t *testing.T) {
 	b = postgres.BeginWith(db.Pool)
 	_, err = b.Exec(ctx, "INSERT INTO effects VALUES (4)")
 	require.NoError(t, err)
-	_, err = b.Tx()
-	require.NoError(t, err)
 	b.End(ctx)
 	require.Equal(t, 3, count())
 
@@ -51,8 +47,6 @@ func TestBeginWithOpensTheTransactionOfItsStatement(t *testing.T) {
 	// rolls back the aborted transaction.
 	b = postgres.BeginWith(db.Pool)
 	_, err = b.Exec(ctx, "INSERT INTO effects VALUES (5)")
-	require.NoError(t, err)
-	_, err = b.Tx()
 	require.NoError(t, err)
 	writes = postgres.Pipeline{}
 	exec(t, &writes, "-- name: Broken :exec\nINSERT INTO effects VALUES (1 / 0)")
@@ -66,9 +60,7 @@ func TestBeginWithOpensTheTransactionOfItsStatement(t *testing.T) {
 	b = postgres.BeginWith(db.Pool)
 	_, err = b.Exec(ctx, "INSERT INTO effects VALUES (6)")
 	require.NoError(t, err)
-	tx, err = b.Tx()
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, "INSERT INTO effects VALUES (1 / 0)")
+	_, err = b.Tx().Exec(ctx, "INSERT INTO effects VALUES (1 / 0)")
 	require.Error(t, err)
 	require.ErrorIs(t, b.Commit(ctx, nil), pgx.ErrTxCommitRollback)
 	b.End(ctx)
@@ -80,10 +72,106 @@ func TestBeginWithOpensTheTransactionOfItsStatement(t *testing.T) {
 		b = postgres.BeginWith(db.Pool)
 		_, err = b.Exec(ctx, sql)
 		require.Error(t, err, sql)
-		_, err = b.Tx()
-		require.Error(t, err, sql)
+		_, err = b.Tx().Exec(ctx, "INSERT INTO effects VALUES (7)")
+		require.Error(t, err, "%s: the transaction goes on after a failure", sql)
 		b.End(ctx)
 		require.Zero(t, db.Pool.Stat().AcquiredConns(), "%s: a connection was kept", sql)
 	}
 	require.Equal(t, 3, count())
+}
+
+// Statements queued ahead go to the server after BEGIN, in the round trip
+// of the transaction's first statement, or of the COMMIT if there is no
+// other: a whole transaction that needs no answer is one round trip.
+func TestBeginWithSendsWhatIsQueuedAheadWithTheNextStatement(t *testing.T) {
+	t.Parallel()
+	pool, trips := effectsPool(t)
+	ctx := t.Context()
+	var numbers []int32
+	read := func() {
+		rows, _ := pool.Query(ctx, "SELECT n FROM effects ORDER BY n")
+		var err error
+		numbers, err = pgx.CollectRows(rows, pgx.RowTo[int32])
+		require.NoError(t, err)
+	}
+
+	// Ahead of a read, and later ahead of the next statement.
+	b := postgres.BeginWith(pool)
+	start := trips.Load()
+	var aheadErrs []error
+	_, _ = b.Ahead().Exec(ctx, insertOne, 1)
+	b.Ahead().AfterSend(func(err error) { aheadErrs = append(aheadErrs, err) })
+	require.Equal(t, start, trips.Load(), "queued, not sent")
+	var count int64
+	require.NoError(t, b.Tx().QueryRow(ctx, countAll).Scan(&count))
+	require.EqualValues(t, 1, count, "the read ran after BEGIN and the statement queued ahead")
+	require.Equal(t, start+1, trips.Load(), "in one round trip")
+	require.Equal(t, []error{nil}, aheadErrs)
+	_, _ = b.Ahead().Exec(ctx, insertOne, 2)
+	require.NoError(t, b.Tx().QueryRow(ctx, countAll).Scan(&count))
+	require.EqualValues(t, 2, count)
+	require.Equal(t, start+2, trips.Load())
+	require.NoError(t, b.Commit(ctx, nil))
+	b.End(ctx)
+	require.Equal(t, start+3, trips.Load())
+
+	// Ahead of the writes and the COMMIT: one round trip.
+	b = postgres.BeginWith(pool)
+	start = trips.Load()
+	_, _ = b.Ahead().Exec(ctx, insertOne, 3)
+	var writes postgres.Pipeline
+	_, _ = writes.Exec(ctx, insertOne, 4)
+	require.NoError(t, b.Commit(ctx, &writes))
+	b.End(ctx)
+	require.Equal(t, start+1, trips.Load(), "BEGIN, ahead, writes and COMMIT in one round trip")
+	read()
+	require.Equal(t, []int32{1, 2, 3, 4}, numbers)
+	require.Zero(t, pool.Stat().AcquiredConns(), "the connection is back")
+}
+
+// A statement queued ahead that fails fails the statement that carried it,
+// which does not run, and the transaction; its AfterSend functions learn of
+// it.
+func TestBeginWithFailsWhatCarriedAFailedStatementQueuedAhead(t *testing.T) {
+	t.Parallel()
+	pool, _ := effectsPool(t)
+	ctx := t.Context()
+	_, err := pool.Exec(ctx, "INSERT INTO effects VALUES (1)")
+	require.NoError(t, err)
+
+	for _, carrier := range []struct {
+		name string
+		send func(*postgres.TxStart) error
+	}{
+		{"a read", func(b *postgres.TxStart) error {
+			var n int64
+			return b.Tx().QueryRow(ctx, countAll).Scan(&n)
+		}},
+		{"a write", func(b *postgres.TxStart) error {
+			_, err := b.Tx().Exec(ctx, insertCount, 2)
+			return err
+		}},
+		{"the commit", func(b *postgres.TxStart) error {
+			var writes postgres.Pipeline
+			_, _ = writes.Exec(ctx, insertOne, 2)
+			return b.Commit(ctx, &writes)
+		}},
+	} {
+		t.Run(carrier.name, func(t *testing.T) {
+			b := postgres.BeginWith(pool)
+			var aheadErr error
+			_, _ = b.Ahead().Exec(ctx, insertOne, 1) // the key is taken
+			b.Ahead().AfterSend(func(err error) { aheadErr = err })
+			err := carrier.send(b)
+			require.ErrorContains(t, err, "InsertOne: ")
+			require.True(t, postgres.IsUniqueViolation(err), "%v", err)
+			require.True(t, postgres.IsUniqueViolation(aheadErr), "%v", aheadErr)
+			require.Error(t, b.Commit(ctx, nil), "the transaction is aborted")
+			b.End(ctx)
+			require.Zero(t, pool.Stat().AcquiredConns(), "the connection is back")
+		})
+	}
+	var n int64
+	require.NoError(t, pool.QueryRow(ctx, countAll).Scan(&n))
+	require.EqualValues(t, 1, n, "nothing was written")
 }

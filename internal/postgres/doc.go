@@ -7,13 +7,13 @@
 // replicas starting together do not race each other.
 //
 // The helpers are sqlc DBTXs, so that queries still go through the
-// generated code: BeginWith sends a transaction's BEGIN with its first
-// statement (and its COMMIT with the writes queued for it), Pipeline sends
-// statements that need no answer from each other in one round trip (with
-// Then, ahead of the next statement, which may answer; a failure is a
-// QueryError that names the statement), WriteBehind queues a transaction's
-// sqlc :exec statements until one that answers (or the COMMIT) carries
-// them, and PlanEachCall has PostgreSQL
-// plan each statement for its arguments (a set-based batch's arrays).
-// IsLockNotAvailable recognises a lock_timeout that ran out.
+// generated code: BeginWith sends a transaction's BEGIN, and the statements
+// queued ahead of the rest, with its first statement (or with its COMMIT
+// and the writes queued for it), Pipeline sends statements that need no
+// answer from each other in one round trip (with Then, ahead of the next
+// statement, which may answer; a failure is a QueryError that names the
+// statement), and WriteBehind queues a transaction's sqlc :exec statements
+// until one that answers (or the COMMIT) carries them.
+// IsLockNotAvailable recognises a lock_timeout that ran out, and
+// IsUniqueViolation a unique key's violation.
 package postgres

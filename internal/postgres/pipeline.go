@@ -54,8 +54,13 @@ func (p *Pipeline) QueryRow(context.Context, string, ...any) pgx.Row {
 // such as whether a conditional statement did anything.
 func (p *Pipeline) CountInto(n *int64) { p.into[len(p.into)-1] = n }
 
-// Len is the number of statements queued.
-func (p *Pipeline) Len() int { return p.batch.Len() }
+// Len is the number of statements queued; a nil Pipeline has none.
+func (p *Pipeline) Len() int {
+	if p == nil {
+		return 0
+	}
+	return p.batch.Len()
+}
 
 // AfterSend registers f to be called with Send's error once the statements
 // have run (e.g. to end their spans).
@@ -115,6 +120,9 @@ func (p *Pipeline) results(br pgx.BatchResults, n int) error {
 }
 
 func (p *Pipeline) done(err error) {
+	if p == nil {
+		return
+	}
 	for _, f := range p.after {
 		f(err)
 	}

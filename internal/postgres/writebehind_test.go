@@ -117,17 +117,14 @@ func TestWriteBehindBlamesAFailedWriteOnItsOwner(t *testing.T) {
 	}
 }
 
-// beginWriteBehind begins a transaction on pool, as the inbox does, and
-// returns it with its writes queued; it ends with the test.
+// beginWriteBehind returns a transaction on pool as the inbox runs a
+// handler's: it begins with its first statement, and its writes are
+// queued. It ends with the test.
 func beginWriteBehind(t *testing.T, pool *pgxpool.Pool) (*postgres.TxStart, *postgres.WriteBehindTx) {
 	t.Helper()
 	begin := postgres.BeginWith(pool)
 	t.Cleanup(func() { begin.End(context.Background()) })
-	_, err := begin.Exec(t.Context(), "SELECT 1")
-	require.NoError(t, err)
-	tx, err := begin.Tx()
-	require.NoError(t, err)
-	return begin, postgres.WriteBehind(tx)
+	return begin, postgres.WriteBehind(begin.Tx())
 }
 
 // effectsPool returns a pool of a new database with the table effects,
@@ -137,27 +134,5 @@ func effectsPool(t *testing.T) (*pgxpool.Pool, *atomic.Int64) {
 	db := testenv.NewServiceDatabase(t, "")
 	_, err := db.Pool.Exec(t.Context(), "CREATE TABLE effects (n int PRIMARY KEY)")
 	require.NoError(t, err)
-	trips := &tripCounter{}
-	cfg := db.Pool.Config()
-	cfg.ConnConfig.Tracer = trips
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool, &trips.n
+	return db.CountingPool(t)
 }
-
-// tripCounter is a pgx tracer that counts round trips: statements sent on
-// their own and batches.
-type tripCounter struct{ n atomic.Int64 }
-
-func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *tripCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *tripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *tripCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}

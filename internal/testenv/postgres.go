@@ -83,6 +83,38 @@ func NewServiceDatabase(t testing.TB, service string) *Database {
 	return NewDatabase(t, schema)
 }
 
+// CountingPool opens another pool on the database, closed when the test
+// ends, and counts its round trips in trips: each statement sent on its
+// own and each batch (a statement's preparation, once per connection, is
+// not counted).
+func (d *Database) CountingPool(t testing.TB) (pool *pgxpool.Pool, trips *atomic.Int64) {
+	t.Helper()
+	counter := &tripCounter{}
+	cfg := d.Pool.Config()
+	cfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, &counter.n
+}
+
+// tripCounter is a pgx tracer that counts round trips.
+type tripCounter struct{ n atomic.Int64 }
+
+func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *tripCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *tripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *tripCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
 // AdminURL connects to the server's maintenance database with the rights to
 // create and drop databases.
 func (d *Database) AdminURL() string {
