@@ -30,7 +30,8 @@ type TxStart struct {
 	pool  *pgxpool.Pool
 	ahead *Pipeline
 	conn  *pgxpool.Conn
-	tx    pgx.Tx // once BEGIN was sent
+	tx    pgx.Tx // once BEGIN succeeded
+	err   error  // why it could not begin
 }
 
 // Ahead is the pipeline of statements to send ahead of the transaction's
@@ -49,22 +50,22 @@ func (b *TxStart) Ahead() *Pipeline {
 // and after the statements queued on Ahead, in one round trip. The results
 // are batch's.
 func (b *TxStart) SendBatch(ctx context.Context, batch *pgx.Batch) pgx.BatchResults {
-	ahead := b.ahead
-	b.ahead = nil
-	if b.tx != nil && (ahead == nil || ahead.Len() == 0) {
+	if b.direct() {
 		return b.tx.SendBatch(ctx, batch)
 	}
+	ahead := b.ahead
+	b.ahead = nil
 	sent := &pgx.Batch{}
 	if b.tx == nil {
-		if b.conn == nil {
-			conn, err := b.pool.Acquire(ctx)
-			if err != nil {
-				err = fmt.Errorf("acquire a connection: %w", err)
-				b.tx = closedTx(err) // what follows fails too
-				ahead.done(err)
-				return errBatch{err}
+		if b.err == nil {
+			b.conn, b.err = b.pool.Acquire(ctx)
+			if b.err != nil {
+				b.err = fmt.Errorf("acquire a connection: %w", b.err)
 			}
-			b.conn = conn
+		}
+		if b.err != nil {
+			ahead.done(b.err)
+			return errBatch{b.err}
 		}
 		sent.BeginTx(pgx.TxOptions{})
 	}
@@ -74,12 +75,13 @@ func (b *TxStart) SendBatch(ctx context.Context, batch *pgx.Batch) pgx.BatchResu
 	sent.QueuedQueries = append(sent.QueuedQueries, batch.QueuedQueries...)
 	br := b.conn.Conn().SendBatch(ctx, sent)
 	if b.tx == nil {
-		b.tx = br.Tx()                       // closed by br.Close if BEGIN fails
 		if _, err := br.Exec(); err != nil { // BEGIN, or a statement that could not be prepared
 			_ = br.Close()
+			b.err = err // what follows fails with it
 			ahead.done(err)
 			return errBatch{err}
 		}
+		b.tx = br.Tx()
 	}
 	if ahead != nil {
 		err := ahead.results(br, ahead.Len())
@@ -94,7 +96,7 @@ func (b *TxStart) SendBatch(ctx context.Context, batch *pgx.Batch) pgx.BatchResu
 // direct reports whether a statement can go straight to the transaction,
 // with nothing to send ahead of it.
 func (b *TxStart) direct() bool {
-	return b.tx != nil && (b.ahead == nil || b.ahead.Len() == 0)
+	return b.tx != nil && b.ahead.Len() == 0
 }
 
 // Exec runs a statement in the transaction; see SendBatch.
@@ -231,7 +233,7 @@ func (t txStart) Conn() *pgx.Conn {
 	return nil
 }
 
-// closedTx is the transaction that could not begin because of err; its
+// closedTx is a transaction that could not begin because of err; its
 // methods fail with pgx.ErrTxClosed.
 func closedTx(err error) pgx.Tx {
 	b := &pgx.Batch{}

@@ -175,3 +175,24 @@ func TestBeginWithFailsWhatCarriedAFailedStatementQueuedAhead(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, countAll).Scan(&n))
 	require.EqualValues(t, 1, n, "nothing was written")
 }
+
+// A transaction that cannot get a connection fails every statement with
+// why, the ones queued ahead included, and has nothing to end.
+func TestBeginWithWithoutAConnectionFailsEveryStatement(t *testing.T) {
+	t.Parallel()
+	pool, _ := effectsPool(t)
+	ctx := t.Context()
+	pool.Close()
+
+	b := postgres.BeginWith(pool)
+	var aheadErr error
+	_, _ = b.Ahead().Exec(ctx, insertOne, 1)
+	b.Ahead().AfterSend(func(err error) { aheadErr = err })
+	var n int64
+	require.ErrorContains(t, b.Tx().QueryRow(ctx, countAll).Scan(&n), "acquire a connection")
+	require.ErrorContains(t, aheadErr, "acquire a connection")
+	_, err := b.Exec(ctx, insertOne, 2)
+	require.ErrorContains(t, err, "acquire a connection")
+	require.ErrorContains(t, b.Commit(ctx, nil), "acquire a connection")
+	b.End(ctx)
+}
