@@ -42,16 +42,17 @@
 // With Config.Batched, a fetched batch shares one transaction and one claim
 // statement: for a batch of first deliveries a plain insert, on the bet that
 // none of its events was processed before (cheaper than ON CONFLICT, and
-// queued ahead of the handlers' first statement; a batch that loses the
-// bet runs again, claimed with ON CONFLICT DO NOTHING), and for a batch
-// with a redelivery ON CONFLICT DO NOTHING at once. One failure undoes only that event's writes and claim: the
-// handlers run in turn right after the claim; when one fails, the
-// transaction is rolled back and the batch runs again in a new one without
-// the failed event. (Savepoints would cost two round trips each, on every
-// batch, to save work only on the rare batch that fails.) A
+// queued ahead of the handlers' first statement; a batch that loses the bet
+// runs again, claimed with ON CONFLICT DO NOTHING), and for a batch with a
+// redelivery ON CONFLICT DO NOTHING at once. One failure undoes only that
+// event's writes and claim: the handlers run in turn right after the claim;
+// when one fails, the transaction is rolled back and the batch runs again in
+// a new one without the failed event. (Savepoints would cost two round trips
+// each, on every batch, to save work only on the rare batch that fails.) A
 // Config.BatchHandler instead receives all the new events of the batch at
-// once, for set-based statements, and queues its writes for the COMMIT,
-// which goes with them in one round trip; if it or one of its writes
+// once (all its events, on the bet, in a transaction that cannot commit if
+// the bet is lost), for set-based statements, and queues its writes for the
+// COMMIT, which goes with them in one round trip; if it or one of its writes
 // fails, the transaction is rolled back and the batch runs again with the
 // Handler for each event. Its reads are planned for their arguments, its
 // writes run with their generic plans. The next batch is fetched while one
