@@ -83,10 +83,7 @@ func TestBatchHandlerGetsTheNewEventsInFetchOrder(t *testing.T) {
 	ev1, ev2, ev3, old := newEvent(t), newEvent(t), newEvent(t), newEvent(t)
 	// old was processed before: its claim is there, its redelivery is a
 	// duplicate that only the claim statement can recognise.
-	_, err := e.db.Pool.Exec(t.Context(),
-		`INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq) VALUES ($1, $2, $3, $4, 0)`,
-		testDurable, old.ID, string(old.Type), old.Time)
-	require.NoError(t, err)
+	e.processedBefore(t, old)
 	for _, ev := range []event.Envelope{ev1, old, ev2, ev1, ev3} {
 		e.publish(t, ev)
 	}

@@ -69,7 +69,9 @@ func isPermanent(err error) bool {
 // an event that turns out to have been processed before (published again
 // past the broker's duplicate window). Its statements then fail with the
 // claim's unique violation, nothing it wrote commits, and the inbox drops
-// the event as a duplicate whatever the handler returned.
+// the event as a duplicate whatever the handler returned; a handler that
+// fails before its first statement has the claim sent on its own, so that
+// such an event is a duplicate then too.
 //
 // tx queues the handler's sqlc :exec statements (postgres.WriteBehind):
 // they are sent ahead of its next statement that answers, or of the next

@@ -65,6 +65,37 @@ func TestDuplicateDeliveriesHaveOneEffect(t *testing.T) {
 	}
 }
 
+// An event processed before and published again past the broker's
+// duplicate window comes as a first delivery, whose claim travels with the
+// handler's first statement. It is a duplicate even when its handler fails
+// before sending one: the claim is sent then, and it decides.
+func TestAnEventProcessedBeforeIsADuplicateWhateverItsHandlerDoes(t *testing.T) {
+	t.Parallel()
+	for _, batched := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batched=%t", batched), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, streams.Consumer{})
+			old, fresh := newEvent(t), newEvent(t)
+			e.processedBefore(t, old)
+			e.publish(t, old)
+			e.publish(t, fresh)
+			c := e.start(t, inbox.Config{Batched: batched}, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+				if ev.ID == old.ID {
+					return inbox.Permanent(errors.New("refused before any statement"))
+				}
+				return writeEffect(ctx, tx, ev)
+			})
+			require.EventuallyWithT(t, func(c2 *assert.CollectT) {
+				assert.Equal(c2, inbox.Stats{Processed: 1, Duplicates: 1}, c.Stats())
+			}, waitFor, tick)
+			e.requireSettled(t)
+			require.Empty(t, e.dlqMsgs(t))
+			require.Zero(t, e.effects(t, old.ID))
+			require.EqualValues(t, 1, e.effects(t, fresh.ID))
+		})
+	}
+}
+
 func TestCrashBetweenCommitAndAck(t *testing.T) {
 	t.Parallel()
 	both(t, func(t *testing.T, batched bool) {

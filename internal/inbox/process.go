@@ -135,7 +135,10 @@ func (c *Consumer) processTx(ctx context.Context, d *delivery) {
 		ahead, claimErr := claimAhead(begin)
 		_ = c.queries.ClaimNewEvent(ctx, ahead, dbsqlc.ClaimNewEventParams(claim)) // queued
 		defer func() {
-			switch err := claimErr(); {
+			if d.outcome == processed {
+				return
+			}
+			switch err := claimErr(ctx); {
 			case postgres.IsUniqueViolation(err):
 				d.outcome, d.err = duplicate, nil
 			case err != nil:
@@ -294,9 +297,12 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased, bet bo
 		ahead, claimErr := claimAhead(begin)
 		_ = c.queries.ClaimNewEvents(ctx, ahead, dbsqlc.ClaimNewEventsParams(claim)) // queued
 		defer func() {
-			// The claim failed, and with it what carried it: the handlers'
-			// and the transaction's failures are the claim's.
-			switch cerr := claimErr(); {
+			if err == nil && herr == nil {
+				return
+			}
+			// If the claim failed, what carried it failed with it: the
+			// handlers' and the transaction's failures are the claim's.
+			switch cerr := claimErr(ctx); {
 			case postgres.IsUniqueViolation(cerr):
 				failed, herr, err = 0, nil, errProcessedBefore
 			case cerr != nil:
@@ -387,18 +393,29 @@ func (c *Consumer) batchTx(ctx context.Context, ds []*delivery, setBased, bet bo
 }
 
 // claimAhead returns begin's Ahead pipeline, on which the caller queues a
-// claim that needs no answer, and a function that gives the claim's
-// failure once it was sent (nil before, and after it succeeded). The claim
-// then goes to the server in the round trip of the handler's first
-// statement, after BEGIN, or with the COMMIT if the handler sends none: one
-// round trip less than a claim sent on its own. The handler runs before
-// the claim is answered; if the claim fails, every statement behind it
-// fails with its error, and the transaction cannot commit.
-func claimAhead(begin *postgres.TxStart) (*postgres.Pipeline, func() error) {
-	var claimErr error
-	ahead := begin.Ahead()
-	ahead.AfterSend(func(err error) { claimErr = err })
-	return ahead, func() error { return claimErr }
+// claim that needs no answer, and claimErr, which gives the claim's
+// failure. The claim goes to the server in the round trip of the handler's
+// first statement, after BEGIN, or with the COMMIT if the handler sends
+// none: one round trip less than a claim sent on its own. The handler runs
+// before the claim is answered; if the claim fails, every statement behind
+// it fails with its error, and the transaction cannot commit. Call
+// claimErr when something failed: if nothing has carried the claim yet
+// (the handler failed before its first statement), it sends the claim, so
+// that an event processed before is a duplicate, not a failure of its
+// handler.
+func claimAhead(begin *postgres.TxStart) (ahead *postgres.Pipeline, claimErr func(context.Context) error) {
+	var (
+		sent bool
+		err  error
+	)
+	ahead = begin.Ahead()
+	ahead.AfterSend(func(e error) { sent, err = true, e })
+	return ahead, func(ctx context.Context) error {
+		if !sent {
+			_, _ = begin.Exec(ctx, "SELECT 1") // its failure is the claim's, or no one's
+		}
+		return err
+	}
 }
 
 // settle acks, naks or dead-letters d's message according to its outcome.

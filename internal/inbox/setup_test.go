@@ -173,6 +173,16 @@ func (e *env) effects(t *testing.T, id uuid.UUID) int64 {
 	return n
 }
 
+// processedBefore records ev as processed by the test durable, as its
+// earlier processing would have.
+func (e *env) processedBefore(t *testing.T, ev event.Envelope) {
+	t.Helper()
+	_, err := e.db.Pool.Exec(t.Context(),
+		`INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq) VALUES ($1, $2, $3, $4, 0)`,
+		testDurable, ev.ID, string(ev.Type), ev.Time)
+	require.NoError(t, err)
+}
+
 // claims is the number of processed_events rows of the test durable.
 func (e *env) claims(t *testing.T) int64 {
 	t.Helper()
