@@ -217,7 +217,7 @@ func (t txStart) Prepare(ctx context.Context, name, sql string) (*pgconn.Stateme
 }
 
 // LargeObjects and Conn take no context: they begin the transaction
-// without one if nothing has.
+// without one if nothing has. Conn is nil if it could not begin.
 func (t txStart) LargeObjects() pgx.LargeObjects {
 	tx, err := t.b.begun(context.Background())
 	if err != nil {
