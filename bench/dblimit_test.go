@@ -26,6 +26,10 @@ VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT DO NOTHING
 RETURNING event_id`
 
+	// ClaimNewEvent, the claim of an unbatched first delivery.
+	claimNewSQL = `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
+VALUES ($1, $2, $3, $4, $5)`
+
 	claimBatchSQL = `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
 SELECT $1::text, e.event_id, e.event_type, e.event_time, e.stream_seq
 FROM (
@@ -123,7 +127,9 @@ func debitSet(ctx context.Context, tx pgx.Tx, customers []string, amounts []int6
 
 // BenchmarkDBLimit is the database's limit: the inbox's claim and a wallet
 // debit issued straight from Go, without NATS, one event per transaction on
-// 1 and 4 connections, and batchSize events per transaction: one claim
+// 1 and 4 connections (a round trip per statement, tx1, or all in one as
+// the inbox sends them, tx1pipelined), and batchSize events per
+// transaction: one claim
 // statement and then a debit per event, in a round trip each (batch) or
 // with BEGIN and COMMIT in one round trip as the batched inbox sends them
 // (pipelined), a debit per event each under a savepoint, or one set-based
@@ -143,6 +149,31 @@ func BenchmarkDBLimit(b *testing.B) {
 						}
 						return debitOne(ctx, tx, d.customer, d.amount)
 					})
+				})
+			})
+			b.Run(fmt.Sprintf("pg=%s/mode=tx1pipelined/conns=%d", pg.name, conns), func(b *testing.B) {
+				pool := pg.newDB(b, schemaOf(b, "payment"))
+				seedWallets(b, pool)
+				ds := orderEvents(b, b.N)
+				drive(b, conns, 1, ds, func(ctx context.Context, chunk []debit) error {
+					// BEGIN, the claim, the debit and COMMIT in one round
+					// trip, as the inbox sends a first delivery whose
+					// handler only writes.
+					d := chunk[0]
+					begin := postgres.BeginWith(pool)
+					defer begin.End(ctx)
+					_, _ = begin.Ahead().Exec(ctx, claimNewSQL, benchConsumer, d.ev.ID, string(d.ev.Type), d.ev.Time, int64(1)) // queued
+					var debit postgres.Pipeline
+					_, _ = debit.Exec(ctx, debitSQL, d.customer, d.amount) // queued
+					var debited int64
+					debit.CountInto(&debited)
+					if err := begin.Commit(ctx, &debit); err != nil {
+						return err
+					}
+					if debited != 1 {
+						return fmt.Errorf("wallet %s not debited", d.customer)
+					}
+					return nil
 				})
 			})
 		}
