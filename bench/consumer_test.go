@@ -198,15 +198,12 @@ func (n *naive) process(ctx context.Context, msgs []jetstream.Msg) error {
 	}
 	switch {
 	case !n.mode.batched:
-		for i, ev := range evs {
+		// A transaction each, acked together, as the inbox does.
+		for _, ev := range evs {
 			if err := inTxBehind(ctx, n.pool, func(tx pgx.Tx) error { return handleDebit(ctx, tx, ev) }); err != nil {
 				return err
 			}
-			if err := ack(msgs[i : i+1]); err != nil {
-				return err
-			}
 		}
-		return nil
 	case n.mode.setBased:
 		// Planned for its arrays, as the inbox plans a set-based batch's
 		// statements.

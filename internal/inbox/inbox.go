@@ -111,7 +111,8 @@ type Config struct {
 	// BatchSize is how many messages are fetched at once (default 64).
 	BatchSize int
 	// Batched processes a fetched batch in one transaction instead of one
-	// transaction per message. It is faster under load; a fetch returns as
+	// transaction per message (whose acks leave together, after the last
+	// of the fetch's commits). It is faster under load; a fetch returns as
 	// soon as one message is there, so it costs no latency under light load.
 	Batched bool
 	// BatchHandler, when set, processes the new events of a batch in Batched
@@ -286,10 +287,8 @@ func (c *Consumer) fetchLoop(ctx context.Context, cons jetstream.Consumer) error
 	for msgs := range batches {
 		if c.cfg.Batched {
 			c.processBatch(work, msgs)
-			continue
-		}
-		for _, msg := range msgs {
-			c.processMsg(work, msg)
+		} else {
+			c.processEach(work, msgs)
 		}
 	}
 	return fetchErr

@@ -57,15 +57,22 @@ func (d *delivery) fail(err error) {
 	d.outcome, d.err = failed, err
 }
 
-// processMsg processes one message in a transaction of its own and settles
-// it.
-func (c *Consumer) processMsg(ctx context.Context, msg jetstream.Msg) {
-	d, ok := c.decode(ctx, msg)
-	if !ok {
-		return
+// processEach processes each message in a transaction of its own, and then
+// settles them all: their acks leave together, in one write to the broker
+// where one each took a system call on each side, about as much CPU as an
+// event's transaction. An ack waits for the fetch's last commit, well
+// within the consumer's AckWait.
+func (c *Consumer) processEach(ctx context.Context, msgs []jetstream.Msg) {
+	ds := make([]*delivery, 0, len(msgs))
+	for _, msg := range msgs {
+		if d, ok := c.decode(ctx, msg); ok {
+			c.processTx(ctx, d)
+			ds = append(ds, d)
+		}
 	}
-	c.processTx(ctx, d)
-	c.settle(ctx, d)
+	for _, d := range ds {
+		c.settle(ctx, d)
+	}
 }
 
 // decode reads msg's envelope and applies the retention guard. A message
