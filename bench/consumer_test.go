@@ -35,6 +35,10 @@ var consumerModes = []consumerMode{
 	{name: "setbased/workers=1", batched: true, setBased: true, workers: 1},
 }
 
+// planEachCallSQL is the inbox's PlanEachCall query, with which it plans a
+// set-based batch's statements for their arguments.
+const planEachCallSQL = "-- name: PlanEachCall :exec\nSELECT set_config('plan_cache_mode', 'force_custom_plan', true)"
+
 // handleDebit is the benchmarks' per-event handler: decode the order, debit
 // its wallet. The debit is an :exec: the inbox sends it with the COMMIT.
 func handleDebit(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
@@ -97,8 +101,7 @@ func BenchmarkInbox(b *testing.B) {
 	for _, pg := range pgTargets(b) {
 		for _, m := range consumerModes {
 			b.Run(fmt.Sprintf("pg=%s/mode=%s", pg.name, m.name), func(b *testing.B) {
-				pool := pg.newDB(b, schemaOf(b, "payment"))
-				seedWallets(b, pool)
+				pool := pg.walletsDB(b)
 				js := newJetStream(b)
 				provisionOrders(b, js, streams.Orders, "orders.>")
 				cfg := inbox.Config{Stream: streams.Orders, Durable: benchConsumer, BatchSize: batchSize, Batched: m.batched, Workers: m.workers}
@@ -120,8 +123,7 @@ func BenchmarkNaive(b *testing.B) {
 	for _, pg := range pgTargets(b) {
 		for _, m := range consumerModes {
 			b.Run(fmt.Sprintf("pg=%s/mode=%s", pg.name, m.name), func(b *testing.B) {
-				pool := pg.newDB(b, schemaOf(b, "payment"))
-				seedWallets(b, pool)
+				pool := pg.walletsDB(b)
 				js := newJetStream(b)
 				provisionOrders(b, js, streams.Orders, "orders.>")
 				n := &naive{pool: pool, js: js, mode: m}
@@ -187,15 +189,6 @@ func (n *naive) process(ctx context.Context, msgs []jetstream.Msg) error {
 		}
 		evs[i] = ev
 	}
-	ack := func(msgs []jetstream.Msg) error {
-		for _, msg := range msgs {
-			if err := msg.Ack(); err != nil {
-				return err
-			}
-			n.processed.Add(1)
-		}
-		return nil
-	}
 	switch {
 	case !n.mode.batched:
 		// A transaction each, acked together, as the inbox does.
@@ -205,12 +198,15 @@ func (n *naive) process(ctx context.Context, msgs []jetstream.Msg) error {
 			}
 		}
 	case n.mode.setBased:
-		// Planned for its arrays, as the inbox plans a set-based batch's
-		// statements.
-		planEachCall := func(ahead *postgres.Pipeline) {
-			_, _ = ahead.Exec(ctx, `SELECT set_config('plan_cache_mode', 'force_custom_plan', true)`)
-		}
-		if err := inTxBehind(ctx, n.pool, func(tx pgx.Tx) error { return handleDebits(ctx, tx, evs, nil) }, planEachCall); err != nil {
+		err := inTxBehind(ctx, n.pool, func(tx pgx.Tx) error {
+			// Planned for its arrays, as the inbox plans a set-based
+			// batch's statements: an :exec, queued ahead of the debit.
+			if _, err := tx.Exec(ctx, planEachCallSQL); err != nil {
+				return err
+			}
+			return handleDebits(ctx, tx, evs, nil)
+		})
+		if err != nil {
 			return err
 		}
 	default:
@@ -228,19 +224,22 @@ func (n *naive) process(ctx context.Context, msgs []jetstream.Msg) error {
 			return err
 		}
 	}
-	return ack(msgs)
+	for _, msg := range msgs {
+		if err := msg.Ack(); err != nil {
+			return err
+		}
+		n.processed.Add(1)
+	}
+	return nil
 }
 
 // inTxBehind is inTx as the inbox runs a handler: BEGIN goes with the
 // first statement that answers, or with the COMMIT, and the handler's
-// :exec writes (postgres.WriteBehind) go with the COMMIT too. ahead, when
-// given, queues statements to go with BEGIN.
-func inTxBehind(ctx context.Context, pool *pgxpool.Pool, f func(pgx.Tx) error, ahead ...func(*postgres.Pipeline)) error {
+// :exec writes (postgres.WriteBehind) go with the next statement or the
+// COMMIT too.
+func inTxBehind(ctx context.Context, pool *pgxpool.Pool, f func(pgx.Tx) error) error {
 	begin := postgres.BeginWith(pool)
 	defer begin.End(ctx)
-	for _, queue := range ahead {
-		queue(begin.Ahead())
-	}
 	wb := postgres.WriteBehind(begin.Tx())
 	if err := f(wb); err != nil {
 		return err

@@ -138,8 +138,7 @@ func BenchmarkDBLimit(b *testing.B) {
 	for _, pg := range pgTargets(b) {
 		for _, conns := range []int{1, 4} {
 			b.Run(fmt.Sprintf("pg=%s/mode=tx1/conns=%d", pg.name, conns), func(b *testing.B) {
-				pool := pg.newDB(b, schemaOf(b, "payment"))
-				seedWallets(b, pool)
+				pool := pg.walletsDB(b)
 				ds := orderEvents(b, b.N)
 				drive(b, conns, 1, ds, func(ctx context.Context, chunk []debit) error {
 					d := chunk[0]
@@ -152,8 +151,7 @@ func BenchmarkDBLimit(b *testing.B) {
 				})
 			})
 			b.Run(fmt.Sprintf("pg=%s/mode=tx1pipelined/conns=%d", pg.name, conns), func(b *testing.B) {
-				pool := pg.newDB(b, schemaOf(b, "payment"))
-				seedWallets(b, pool)
+				pool := pg.walletsDB(b)
 				ds := orderEvents(b, b.N)
 				drive(b, conns, 1, ds, func(ctx context.Context, chunk []debit) error {
 					// BEGIN, the claim, the debit and COMMIT in one round
@@ -178,8 +176,7 @@ func BenchmarkDBLimit(b *testing.B) {
 			})
 		}
 		b.Run(fmt.Sprintf("pg=%s/mode=batch/conns=1", pg.name), func(b *testing.B) {
-			pool := pg.newDB(b, schemaOf(b, "payment"))
-			seedWallets(b, pool)
+			pool := pg.walletsDB(b)
 			ds := orderEvents(b, b.N)
 			drive(b, 1, batchSize, ds, func(ctx context.Context, chunk []debit) error {
 				return inTx(ctx, pool, func(tx pgx.Tx) error {
@@ -196,8 +193,7 @@ func BenchmarkDBLimit(b *testing.B) {
 			})
 		})
 		b.Run(fmt.Sprintf("pg=%s/mode=pipelined/conns=1", pg.name), func(b *testing.B) {
-			pool := pg.newDB(b, schemaOf(b, "payment"))
-			seedWallets(b, pool)
+			pool := pg.walletsDB(b)
 			ds := orderEvents(b, b.N)
 			drive(b, 1, batchSize, ds, func(ctx context.Context, chunk []debit) error {
 				// BEGIN, the claim, the debits and COMMIT in one round
@@ -221,8 +217,7 @@ func BenchmarkDBLimit(b *testing.B) {
 			})
 		})
 		b.Run(fmt.Sprintf("pg=%s/mode=savepoint/conns=1", pg.name), func(b *testing.B) {
-			pool := pg.newDB(b, schemaOf(b, "payment"))
-			seedWallets(b, pool)
+			pool := pg.walletsDB(b)
 			ds := orderEvents(b, b.N)
 			drive(b, 1, batchSize, ds, func(ctx context.Context, chunk []debit) error {
 				return inTx(ctx, pool, func(tx pgx.Tx) error {
@@ -246,8 +241,7 @@ func BenchmarkDBLimit(b *testing.B) {
 			})
 		})
 		b.Run(fmt.Sprintf("pg=%s/mode=setbased/conns=1", pg.name), func(b *testing.B) {
-			pool := pg.newDB(b, schemaOf(b, "payment"))
-			seedWallets(b, pool)
+			pool := pg.walletsDB(b)
 			ds := orderEvents(b, b.N)
 			drive(b, 1, batchSize, ds, func(ctx context.Context, chunk []debit) error {
 				customers, amounts := make([]string, len(chunk)), make([]int64, len(chunk))

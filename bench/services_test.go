@@ -60,8 +60,7 @@ func BenchmarkPayment(b *testing.B) {
 	for _, pg := range pgTargets(b) {
 		for _, m := range serviceModes {
 			b.Run(fmt.Sprintf("pg=%s/mode=%s", pg.name, m.name), func(b *testing.B) {
-				pool := pg.newDB(b, schemaOf(b, payment.Name))
-				seedWallets(b, pool)
+				pool := pg.walletsDB(b)
 				js := newJetStream(b)
 				provisionOrders(b, js, streams.Orders, "orders.>")
 				s := payment.New(pool)

@@ -177,6 +177,15 @@ func seedWallets(b testing.TB, pool *pgxpool.Pool) {
 	require.NoError(b, err)
 }
 
+// walletsDB returns a pool on a new payment database whose wallets are
+// seeded (seedWallets): where the benchmarks' debits go.
+func (pg pgTarget) walletsDB(b testing.TB) *pgxpool.Pool {
+	b.Helper()
+	pool := pg.newDB(b, schemaOf(b, "payment"))
+	seedWallets(b, pool)
+	return pool
+}
+
 // debit is one event's worth of the benchmarks' business write.
 type debit struct {
 	ev       event.Envelope

@@ -53,6 +53,10 @@ type delivery struct {
 	err     error
 }
 
+// redelivered reports whether d's message was delivered before: its event
+// may have been processed, and its claim asks before the handler runs.
+func (d *delivery) redelivered() bool { return d.meta.NumDelivered > 1 }
+
 func (d *delivery) fail(err error) {
 	d.outcome, d.err = failed, err
 }
@@ -122,7 +126,7 @@ func (c *Consumer) processTx(ctx context.Context, d *delivery) {
 		EventTime: d.ev.Time,
 		StreamSeq: int64(d.meta.Sequence.Stream),
 	}
-	if d.meta.NumDelivered > 1 {
+	if d.redelivered() {
 		// A redelivery may have been processed before: the claim asks, in
 		// BEGIN's round trip, before the handler runs.
 		_, err := c.queries.ClaimEvent(ctx, begin, claim)
@@ -232,7 +236,7 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []jetstream.Msg) {
 // which of its events are new before the handlers run.
 func (c *Consumer) runBatch(ctx context.Context, ds []*delivery) {
 	setBased := c.cfg.BatchHandler != nil
-	bet := !slices.ContainsFunc(ds, func(d *delivery) bool { return d.meta.NumDelivered > 1 })
+	bet := !slices.ContainsFunc(ds, (*delivery).redelivered)
 	for len(ds) > 0 {
 		failed, herr, err := c.batchTx(ctx, ds, setBased, bet)
 		switch {
