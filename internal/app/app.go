@@ -162,6 +162,7 @@ func Run(ctx context.Context, name string, cfg Config, logger *slog.Logger, buil
 	relay := outbox.NewRelay(workPool, js, outbox.RelayConfig{
 		BatchSize:      cfg.OutboxBatchSize,
 		PollInterval:   cfg.OutboxPollInterval,
+		AtomicBatchMin: cfg.OutboxAtomicBatchMin,
 		Observer:       relayObserver{m},
 		TracerProvider: tp,
 	}, logger)

@@ -33,6 +33,9 @@ type Config struct {
 
 	OutboxBatchSize    int           `env:"OUTBOX_BATCH_SIZE" envDefault:"1024"`
 	OutboxPollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"1s"`
+	// Batches of at least this many outbox rows are published as JetStream
+	// atomic batches, one fsync each under sync_interval: always; 0 never.
+	OutboxAtomicBatchMin int `env:"OUTBOX_ATOMIC_BATCH_MIN" envDefault:"32"`
 	// Sent outbox rows are kept this long for `outbox redrive`; it must be at
 	// least the stream duplicate window.
 	OutboxRetention time.Duration `env:"OUTBOX_RETENTION" envDefault:"1h"`

@@ -26,6 +26,15 @@
 // in one round trip with the next claim, so a flush ends with a claim that
 // found nothing and carried the last mark.
 //
+// Large batches (RelayConfig.AtomicBatchMin) are published as JetStream
+// atomic batches, which a server syncing every write stores with one fsync
+// instead of one per message. An atomic batch is stored whole or not at
+// all, and the relay waits for its ack before it publishes anything behind
+// it, so a refused one has nothing behind it stored ahead of it. The broker
+// refuses an atomic batch that holds a message id it has stored (what a
+// relay that died before marking leaves behind); the relay then publishes
+// those rows a message at a time, and the broker drops the copies.
+//
 // Waking the relay: a commit that notifies takes a lock that every other
 // notifying commit of the cluster waits for, so commits notify only while the
 // relay sleeps. A relay that found nothing to publish takes the sleep lock,

@@ -125,6 +125,23 @@ func streamMsgs(t *testing.T, js jetstream.JetStream, name string) []*jetstream.
 	return msgs
 }
 
+// requireStreamHolds checks that stream name holds each of evs once, in
+// order, and nothing else, and returns its messages.
+func requireStreamHolds(t *testing.T, js jetstream.JetStream, name string, evs []event.Envelope) []*jetstream.RawStreamMsg {
+	t.Helper()
+	msgs := streamMsgs(t, js, name)
+	got := make([]string, len(msgs))
+	for i, m := range msgs {
+		got[i] = m.Header.Get(event.HeaderID)
+	}
+	want := make([]string, len(evs))
+	for i, ev := range evs {
+		want[i] = ev.ID.String()
+	}
+	require.Equal(t, want, got, "each event once, in id order")
+	return msgs
+}
+
 // awaitMsgs waits until the stream holds n messages and returns how long
 // that took. It fails the test after timeout.
 func awaitMsgs(t *testing.T, js jetstream.JetStream, name string, n uint64, timeout time.Duration) time.Duration {

@@ -7,12 +7,15 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/internal/event"
@@ -37,6 +40,18 @@ const sleepLockKey int64 = 0x6f7574626f785f77
 const (
 	minBusyPause = time.Millisecond
 	maxBusyPause = 16 * time.Millisecond
+)
+
+// maxAtomicBatch is the most messages nats-server takes in one atomic
+// batch unless configured otherwise.
+const maxAtomicBatch = 1000
+
+// The headers of an atomic batch publish (ADR-50), which the JetStream
+// client does not define.
+const (
+	batchIDHeader     = "Nats-Batch-Id"
+	batchSeqHeader    = "Nats-Batch-Sequence"
+	batchCommitHeader = "Nats-Batch-Commit"
 )
 
 const (
@@ -68,6 +83,14 @@ type RelayConfig struct {
 	// LockKey is the advisory lock that lets one relay at a time publish a
 	// database's outbox. Default DefaultLockKey.
 	LockKey int64
+	// AtomicBatchMin is the least rows of a batch that the relay publishes
+	// as JetStream atomic batches (nats-server 2.12+, on streams with
+	// AllowAtomicPublish) instead of one message at a time: with
+	// sync_interval: always the server stores an atomic batch with one
+	// fsync, where it syncs every message published on its own, but it
+	// stages the batch first, which costs a small batch more than it saves.
+	// Zero (the default) never publishes atomically.
+	AtomicBatchMin int
 	// Observer, when set, is told of every batch published (metrics).
 	Observer RelayObserver
 	// TracerProvider, when set, traces each publish as a child of the span
@@ -101,6 +124,13 @@ type Relay struct {
 	// answered: the client would resend the row after the rows behind it,
 	// out of order. The next flush publishes it again, in order.
 	noRetry jetstream.PublishOpt
+	// singleThrough is the last id of the latest atomic batch the broker
+	// refused: rows up to it are published one at a time. A refused batch
+	// stored none of its messages; it is most often one that holds
+	// messages stored before (a relay died before it marked them, or they
+	// were re-driven), whose ids the broker does not take twice in an
+	// atomic batch, where it drops each such message published on its own.
+	singleThrough atomic.Int64
 
 	// Test hooks, set in export_test.go; nil otherwise.
 	//
@@ -119,6 +149,7 @@ func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg RelayConfig, logge
 	cfg.PollInterval = cmp.Or(max(cfg.PollInterval, 0), defaultPollInterval)
 	cfg.PublishTimeout = cmp.Or(max(cfg.PublishTimeout, 0), defaultPublishTimeout)
 	cfg.LockKey = cmp.Or(cfg.LockKey, DefaultLockKey)
+	cfg.AtomicBatchMin = max(cfg.AtomicBatchMin, 0)
 	if cfg.Observer == nil {
 		cfg.Observer = nopRelayObserver{}
 	}
@@ -310,7 +341,11 @@ type batch struct {
 	// published is closed once the publisher is done with the batch; the
 	// fields below are the publisher's until then.
 	published chan struct{}
-	// futures are the acks of rows[:len(futures)], the rows published.
+	// stored counts the first rows acknowledged while they were published:
+	// those of atomic batches, whose acks the publisher waits for.
+	stored int
+	// futures are the acks of rows[stored:stored+len(futures)], the rows
+	// published one at a time.
 	futures []jetstream.PubAckFuture
 	// attempted counts the rows handed to the client, published or not.
 	attempted int
@@ -552,36 +587,91 @@ func (r *Relay) publishAll(ctx context.Context, batches <-chan *batch) {
 	}
 }
 
-// publish publishes the rows of b in order without waiting for their acks.
-// It stops at the first row that cannot be sent, and when ctx is done.
+// publish publishes the rows of b in order. It stops at the first row that
+// cannot be sent, and when ctx is done.
+//
+// A batch of at least AtomicBatchMin rows goes as atomic batches of at most
+// maxAtomicBatch messages, each acknowledged before the next is sent, so
+// that a refused one, which stored none of its messages, has none of the
+// rows behind it stored ahead of it. Any other batch is published one
+// message at a time without waiting for the acks.
 func (r *Relay) publish(ctx context.Context, b *batch) {
 	b.start = time.Now()
 	b.deadline = b.start.Add(r.cfg.PublishTimeout)
-	b.futures = make([]jetstream.PubAckFuture, 0, len(b.rows))
 	if r.tracer != nil {
 		b.spans = make([]trace.Span, 0, len(b.rows))
 	}
-	for _, row := range b.rows {
-		if ctx.Err() != nil {
-			b.pubErr = fmt.Errorf("publish event %s: halted", row.EventID)
-			return
+	if r.cfg.AtomicBatchMin == 0 || len(b.rows) < r.cfg.AtomicBatchMin || b.rows[0].ID <= r.singleThrough.Load() {
+		b.futures = make([]jetstream.PubAckFuture, 0, len(b.rows))
+		for _, row := range b.rows {
+			msg, ok := r.send(ctx, b, row)
+			if !ok {
+				return
+			}
+			f, err := r.js.PublishMsgAsync(msg, r.noRetry)
+			if err != nil {
+				b.pubErr = fmt.Errorf("publish event %s: %w", row.EventID, err)
+				return
+			}
+			b.futures = append(b.futures, f)
 		}
-		msg, err := message(row)
-		if err != nil {
-			b.pubErr = err
-			return
-		}
-		if r.tracer != nil {
-			b.spans = append(b.spans, r.startSend(ctx, row, msg))
-		}
-		b.attempted++
-		f, err := r.js.PublishMsgAsync(msg, r.noRetry)
-		if err != nil {
-			b.pubErr = fmt.Errorf("publish event %s: %w", row.EventID, err)
-			return
-		}
-		b.futures = append(b.futures, f)
+		return
 	}
+	for lo := 0; lo < len(b.rows) && b.pubErr == nil; lo += maxAtomicBatch {
+		r.publishAtomic(ctx, b, b.rows[lo:min(lo+maxAtomicBatch, len(b.rows))])
+	}
+}
+
+// publishAtomic publishes rows, the next of b, as one atomic batch: every
+// message but the last as a plain NATS publish, the last with the commit
+// header, whose ack stands for the batch. It waits for that ack.
+func (r *Relay) publishAtomic(ctx context.Context, b *batch, rows []dbsqlc.ClaimUnsentRow) {
+	id := nuid.Next()
+	for i, row := range rows {
+		msg, ok := r.send(ctx, b, row)
+		if !ok {
+			return
+		}
+		msg.Header.Set(batchIDHeader, id)
+		msg.Header.Set(batchSeqHeader, strconv.Itoa(i+1))
+		if i < len(rows)-1 {
+			if err := r.js.Conn().PublishMsg(msg); err != nil {
+				b.pubErr = fmt.Errorf("publish event %s: %w", row.EventID, err)
+				return
+			}
+			continue
+		}
+		msg.Header.Set(batchCommitHeader, "1")
+		pctx, cancel := context.WithDeadline(ctx, b.deadline)
+		_, err := r.js.PublishMsg(pctx, msg, r.noRetry)
+		cancel()
+		if err != nil {
+			r.singleThrough.Store(row.ID)
+			b.pubErr = fmt.Errorf("publish events %s to %s as an atomic batch: %w", rows[0].EventID, row.EventID, err)
+			return
+		}
+	}
+	b.stored += len(rows)
+}
+
+// send makes the message of row, the next of b, and counts it attempted;
+// it reports false, with b.pubErr set, when row cannot be sent or ctx is
+// done.
+func (r *Relay) send(ctx context.Context, b *batch, row dbsqlc.ClaimUnsentRow) (*nats.Msg, bool) {
+	if ctx.Err() != nil {
+		b.pubErr = fmt.Errorf("publish event %s: halted", row.EventID)
+		return nil, false
+	}
+	msg, err := message(row)
+	if err != nil {
+		b.pubErr = err
+		return nil, false
+	}
+	if r.tracer != nil {
+		b.spans = append(b.spans, r.startSend(ctx, row, msg))
+	}
+	b.attempted++
+	return msg, true
 }
 
 // settle waits for the acks of b. It returns how many of its first rows
@@ -608,21 +698,23 @@ func (r *Relay) await(ctx context.Context, b *batch) (acked int, err error) {
 	defer timeout.Stop()
 	duplicates := 0
 	for i, f := range b.futures {
+		row := b.rows[b.stored+i]
 		select {
 		case ack := <-f.Ok():
 			if ack.Duplicate {
 				duplicates++
 			}
 		case err := <-f.Err():
-			return i, fmt.Errorf("publish event %s: %w", b.rows[i].EventID, err)
+			return b.stored + i, fmt.Errorf("publish event %s: %w", row.EventID, err)
 		case <-timeout.C:
-			return i, fmt.Errorf("publish event %s: no ack within %s", b.rows[i].EventID, r.cfg.PublishTimeout)
+			return b.stored + i, fmt.Errorf("publish event %s: no ack within %s", row.EventID, r.cfg.PublishTimeout)
 		}
 	}
-	if len(b.futures) > 0 {
-		r.logger.DebugContext(ctx, "outbox batch published", "events", len(b.futures), "duplicates", duplicates)
+	acked = b.stored + len(b.futures)
+	if acked > 0 {
+		r.logger.DebugContext(ctx, "outbox batch published", "events", acked, "atomically", b.stored, "duplicates", duplicates)
 	}
-	return len(b.futures), b.pubErr
+	return acked, b.pubErr
 }
 
 // abandon gives up a batch in flight behind a batch that failed with cause:

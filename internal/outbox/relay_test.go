@@ -320,11 +320,7 @@ func TestRelayDiesBeforeMarkingSent(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, len(evs), n)
 		requireLag(t, fresh, 0)
-		msgs := streamMsgs(t, f.js, streams.Orders)
-		require.Len(t, msgs, len(evs), "the broker dropped the republished events")
-		for i, m := range msgs {
-			require.Equal(t, evs[i].ID.String(), m.Header.Get(event.HeaderID))
-		}
+		requireStreamHolds(t, f.js, streams.Orders, evs)
 	})
 
 	t.Run("past the duplicate window", func(t *testing.T) {
@@ -518,10 +514,68 @@ func TestFlushLoopsOverBatches(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, events, n)
 	require.Equal(t, 5, batches)
-	msgs := streamMsgs(t, f.js, streams.Orders)
-	require.Len(t, msgs, events)
-	for i, m := range msgs {
-		require.Equal(t, evs[i].ID.String(), m.Header.Get(event.HeaderID), "in id order")
+	requireStreamHolds(t, f.js, streams.Orders, evs)
+}
+
+// A batch of at least AtomicBatchMin rows goes to the stream as one atomic
+// batch, a smaller one a message at a time; either way every event is
+// stored once, in id order.
+func TestLargeBatchesArePublishedAtomically(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	const events = 23
+	f, evs := pending(t, events)
+
+	n, err := f.relay(outbox.RelayConfig{BatchSize: 10, AtomicBatchMin: 4}).Flush(ctx)
+	require.NoError(t, err)
+	require.Equal(t, events, n)
+	batchOf := make([]string, events)
+	for i, m := range requireStreamHolds(t, f.js, streams.Orders, evs) {
+		batchOf[i] = m.Header.Get("Nats-Batch-Id")
+	}
+	// Batches of ten, ten and three rows.
+	for i := range 10 {
+		require.NotEmpty(t, batchOf[i])
+		require.Equal(t, batchOf[0], batchOf[i])
+		require.Equal(t, batchOf[10], batchOf[10+i])
+	}
+	require.NotEqual(t, batchOf[0], batchOf[10])
+	require.Equal(t, []string{"", "", ""}, batchOf[20:])
+}
+
+// The broker refuses a whole atomic batch that holds a message it stored
+// before, which is what a relay that died before marking its rows leaves
+// behind. The refused rows go again a message at a time, and the broker
+// drops those it has.
+func TestARefusedAtomicBatchGoesAgainAMessageAtATime(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f, evs := pending(t, 6)
+	cfg := outbox.RelayConfig{BatchSize: 10, AtomicBatchMin: 4}
+
+	dying := f.relay(cfg)
+	errDied := errors.New("relay died")
+	outbox.SetAfterPublish(dying, func() error { return errDied })
+	_, err := dying.Flush(ctx)
+	require.ErrorIs(t, err, errDied)
+	require.Len(t, streamMsgs(t, f.js, streams.Orders), 6, "stored, not marked sent")
+	later := orderEvents(t, 4)
+	enqueue(t, f.db.Pool, later...)
+	evs = append(evs, later...)
+
+	fresh := f.relay(cfg)
+	_, err = fresh.Flush(ctx)
+	var apiErr *jetstream.APIError
+	require.ErrorAs(t, err, &apiErr)
+	require.Equal(t, jetstream.ErrorCode(10201), apiErr.ErrorCode, "atomic publish batch contains duplicate message id")
+	require.Len(t, streamMsgs(t, f.js, streams.Orders), 6, "the refused batch stored nothing")
+
+	n, err := fresh.Flush(ctx)
+	require.NoError(t, err)
+	require.Equal(t, len(evs), n)
+	msgs := requireStreamHolds(t, f.js, streams.Orders, evs)
+	for _, m := range msgs[6:] {
+		require.Empty(t, m.Header.Get("Nats-Batch-Id"), "published one at a time")
 	}
 }
 
@@ -947,11 +1001,7 @@ func TestRelayThatLosesItsConnectionMarksNothing(t *testing.T) {
 	n, err = f.relay(outbox.RelayConfig{}).Flush(ctx)
 	require.NoError(t, err)
 	require.Equal(t, len(evs), n)
-	msgs := streamMsgs(t, f.js, streams.Orders)
-	require.Len(t, msgs, len(evs), "the broker dropped the republished events")
-	for i, m := range msgs {
-		require.Equal(t, evs[i].ID.String(), m.Header.Get(event.HeaderID))
-	}
+	requireStreamHolds(t, f.js, streams.Orders, evs)
 }
 
 // With batches of one, the batch behind the one being marked is in flight

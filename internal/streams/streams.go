@@ -119,6 +119,10 @@ func Provision(ctx context.Context, js jetstream.JetStream, t Topology) error {
 			MaxAge:     cmp.Or(s.MaxAge, cfg.MaxAge, defaultMaxAge),
 			Retention:  jetstream.LimitsPolicy,
 			Discard:    jetstream.DiscardOld,
+			// The outbox relays publish large batches atomically: one
+			// fsync per batch under sync_interval: always (nats-server
+			// 2.12+).
+			AllowAtomicPublish: true,
 		}); err != nil {
 			return fmt.Errorf("provision stream %s: %w", s.Name, err)
 		}
@@ -165,7 +169,8 @@ func provisionStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.
 	have := s.CachedInfo().Config
 	if slices.Equal(have.Subjects, cfg.Subjects) && have.Storage == cfg.Storage &&
 		have.Replicas == cfg.Replicas && have.Duplicates == cfg.Duplicates &&
-		have.MaxAge == cfg.MaxAge && have.Retention == cfg.Retention && have.Discard == cfg.Discard {
+		have.MaxAge == cfg.MaxAge && have.Retention == cfg.Retention && have.Discard == cfg.Discard &&
+		have.AllowAtomicPublish == cfg.AllowAtomicPublish {
 		return nil
 	}
 	_, err = js.UpdateStream(ctx, cfg)
