@@ -202,7 +202,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Env, err er
 		return nil, err
 	}
 
-	environ := environMap(cfg.Environ)
+	environ := servicesEnviron(cfg)
 	runCtx, cancel := context.WithCancel(ctx)
 	e.cancel = cancel
 	g, gctx := errgroup.WithContext(runCtx)
@@ -316,7 +316,7 @@ func (e *Env) startNATS(cfg Config) error {
 		Port:       port,
 		JetStream:  true,
 		StoreDir:   storeDir,
-		SyncAlways: cfg.NATSSync == NATSSyncAlways || cfg.NATSSync == NATSSyncAuto && cfg.Durable,
+		SyncAlways: cfg.natsSyncAlways(),
 		NoSigs:     true,
 	})
 	if err != nil {
@@ -380,6 +380,24 @@ func (e *Env) dir(dataDir, name string) (string, error) {
 
 // environMap turns "KEY=value" entries into a map; the last one wins, as in
 // exec.Cmd.Env.
+// natsSyncAlways tells whether the embedded JetStream fsyncs every write.
+func (cfg Config) natsSyncAlways() bool {
+	return cfg.NATSSync == NATSSyncAlways || cfg.NATSSync == NATSSyncAuto && cfg.Durable
+}
+
+// servicesEnviron is the environment every service starts from: cfg.Environ,
+// with the outbox relays publishing one message at a time unless JetStream
+// fsyncs every write or Environ says otherwise. An atomic batch saves the
+// fsyncs of a server that syncs every write; on the default interval it
+// only costs (docs/performance.md).
+func servicesEnviron(cfg Config) map[string]string {
+	environ := environMap(cfg.Environ)
+	if cfg.natsSyncAlways() {
+		return environ
+	}
+	return overlay(map[string]string{"OUTBOX_ATOMIC_BATCH_MIN": "0"}, environ)
+}
+
 func environMap(environ []string) map[string]string {
 	m := make(map[string]string, len(environ))
 	for _, kv := range environ {
