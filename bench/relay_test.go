@@ -51,19 +51,29 @@ func fillOutbox(b testing.TB, pool *pgxpool.Pool, n int) {
 func BenchmarkRelay(b *testing.B) {
 	for _, pg := range pgTargets(b) {
 		for _, nb := range brokers {
-			b.Run(fmt.Sprintf("pg=%s/fsync=%s", pg.name, nb.name), func(b *testing.B) {
+			relay := func(b *testing.B, cfg outbox.RelayConfig) {
 				pool := pg.newDB(b, schemaOf(b, ""))
 				js := nb.js(b)
 				require.NoError(b, streams.Provision(context.Background(), js, streams.Saga(streams.Config{})))
 				fillOutbox(b, pool, b.N)
-				r := outbox.NewRelay(pool, js, outbox.RelayConfig{}, quiet)
+				r := outbox.NewRelay(pool, js, cfg, quiet)
 				m := measure(b)
 				n, err := r.Flush(context.Background())
 				m.stop()
 				require.NoError(b, err)
 				require.Equal(b, b.N, n)
 				m.report(b.N)
+			}
+			b.Run(fmt.Sprintf("pg=%s/fsync=%s", pg.name, nb.name), func(b *testing.B) {
+				relay(b, outbox.RelayConfig{})
 			})
+			// As the services run it (OUTBOX_ATOMIC_BATCH_MIN), which
+			// pays where JetStream fsyncs every write.
+			if nb.name == "always" {
+				b.Run(fmt.Sprintf("pg=%s/fsync=%s/publish=atomic", pg.name, nb.name), func(b *testing.B) {
+					relay(b, outbox.RelayConfig{AtomicBatchMin: 32})
+				})
+			}
 		}
 	}
 }

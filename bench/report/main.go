@@ -167,6 +167,7 @@ func targets() []target {
 		for _, fsync := range []string{"default", "always"} {
 			ts = append(ts, target{name: p + ": relay / async publish, nats fsync " + fsync, num: "Relay/" + p + "/fsync=" + fsync, den: "Broker/op=publish/fsync=" + fsync, bound: 0.5})
 		}
+		ts = append(ts, target{name: p + ": relay publishing atomic batches / async publish, nats fsync always", num: "Relay/" + p + "/fsync=always/publish=atomic", den: "Broker/op=publish/fsync=always", bound: 0.5})
 		ts = append(ts, target{name: p + ": relay / Watermill forwarder", num: "Relay/" + p + "/fsync=default", den: "Watermill/" + p + "/fsync=default", bound: 10})
 	}
 	ts = append(ts,
