@@ -601,10 +601,10 @@ func (r *Relay) publish(ctx context.Context, b *batch) {
 	if r.tracer != nil {
 		b.spans = make([]trace.Span, 0, len(b.rows))
 	}
-	if r.cfg.AtomicBatchMin == 0 || len(b.rows) < r.cfg.AtomicBatchMin || b.rows[0].ID <= r.singleThrough.Load() {
+	if !r.atomically(b) {
 		b.futures = make([]jetstream.PubAckFuture, 0, len(b.rows))
 		for _, row := range b.rows {
-			msg, ok := r.send(ctx, b, row)
+			msg, ok := r.nextMessage(ctx, b, row)
 			if !ok {
 				return
 			}
@@ -622,13 +622,19 @@ func (r *Relay) publish(ctx context.Context, b *batch) {
 	}
 }
 
+// atomically tells whether b goes as atomic batches: it is large enough,
+// and its rows come after the last atomic batch the broker refused.
+func (r *Relay) atomically(b *batch) bool {
+	return r.cfg.AtomicBatchMin > 0 && len(b.rows) >= r.cfg.AtomicBatchMin && b.rows[0].ID > r.singleThrough.Load()
+}
+
 // publishAtomic publishes rows, the next of b, as one atomic batch: every
 // message but the last as a plain NATS publish, the last with the commit
 // header, whose ack stands for the batch. It waits for that ack.
 func (r *Relay) publishAtomic(ctx context.Context, b *batch, rows []dbsqlc.ClaimUnsentRow) {
 	id := nuid.Next()
 	for i, row := range rows {
-		msg, ok := r.send(ctx, b, row)
+		msg, ok := r.nextMessage(ctx, b, row)
 		if !ok {
 			return
 		}
@@ -654,10 +660,10 @@ func (r *Relay) publishAtomic(ctx context.Context, b *batch, rows []dbsqlc.Claim
 	b.stored += len(rows)
 }
 
-// send makes the message of row, the next of b, and counts it attempted;
-// it reports false, with b.pubErr set, when row cannot be sent or ctx is
-// done.
-func (r *Relay) send(ctx context.Context, b *batch, row dbsqlc.ClaimUnsentRow) (*nats.Msg, bool) {
+// nextMessage makes the message of row, the next of b, and counts it
+// attempted; it reports false, with b.pubErr set, when row cannot be sent
+// or ctx is done.
+func (r *Relay) nextMessage(ctx context.Context, b *batch, row dbsqlc.ClaimUnsentRow) (*nats.Msg, bool) {
 	if ctx.Err() != nil {
 		b.pubErr = fmt.Errorf("publish event %s: halted", row.EventID)
 		return nil, false
