@@ -148,7 +148,12 @@ func (dup *duplicator) copyMsg(ctx context.Context, stream string, msg jetstream
 		for i := range dup.copies {
 			h := nats.Header{}
 			for k, v := range msg.Headers() {
-				h[k] = v
+				// Nats-* headers instructed the server that stored the
+				// original (its id, the atomic batch a relay published it
+				// in); copied, they would act again.
+				if !strings.HasPrefix(k, "Nats-") {
+					h[k] = v
+				}
 			}
 			id := fmt.Sprintf("%s-copy-%d", msg.Headers().Get(event.HeaderID), i+1)
 			h.Set(jetstream.MsgIDHeader, id)
