@@ -32,8 +32,9 @@
 // all, and the relay waits for its ack before it publishes anything behind
 // it, so a refused one has nothing behind it stored ahead of it. The broker
 // refuses an atomic batch that holds a message id it has stored (what a
-// relay that died before marking leaves behind); the relay then publishes
-// those rows a message at a time, and the broker drops the copies.
+// relay that died before marking leaves behind, or a re-drive); the relay
+// then publishes the rest of its batch a message at a time, and the broker
+// drops the copies.
 //
 // Waking the relay: a commit that notifies takes a lock that every other
 // notifying commit of the cluster waits for, so commits notify only while the

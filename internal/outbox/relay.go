@@ -9,7 +9,6 @@ import (
 	"math"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -124,13 +123,6 @@ type Relay struct {
 	// answered: the client would resend the row after the rows behind it,
 	// out of order. The next flush publishes it again, in order.
 	noRetry jetstream.PublishOpt
-	// singleThrough is the last id of the latest atomic batch the broker
-	// refused: rows up to it are published one at a time. A refused batch
-	// stored none of its messages; it is most often one that holds
-	// messages stored before (a relay died before it marked them, or they
-	// were re-driven), whose ids the broker does not take twice in an
-	// atomic batch, where it drops each such message published on its own.
-	singleThrough atomic.Int64
 
 	// Test hooks, set in export_test.go; nil otherwise.
 	//
@@ -601,49 +593,72 @@ func (r *Relay) publish(ctx context.Context, b *batch) {
 	if r.tracer != nil {
 		b.spans = make([]trace.Span, 0, len(b.rows))
 	}
-	if !r.atomically(b) {
-		b.futures = make([]jetstream.PubAckFuture, 0, len(b.rows))
-		for _, row := range b.rows {
-			msg, ok := r.nextMessage(ctx, b, row)
-			if !ok {
-				return
-			}
-			f, err := r.js.PublishMsgAsync(msg, r.noRetry)
-			if err != nil {
-				b.pubErr = fmt.Errorf("publish event %s: %w", row.EventID, err)
-				return
-			}
-			b.futures = append(b.futures, f)
-		}
+	if r.cfg.AtomicBatchMin == 0 || len(b.rows) < r.cfg.AtomicBatchMin {
+		r.publishEach(ctx, b, b.rows)
 		return
 	}
-	for lo := 0; lo < len(b.rows) && b.pubErr == nil; lo += maxAtomicBatch {
-		r.publishAtomic(ctx, b, b.rows[lo:min(lo+maxAtomicBatch, len(b.rows))])
+	for lo := 0; lo < len(b.rows); lo += maxAtomicBatch {
+		err := r.publishAtomic(ctx, b, b.rows[lo:min(lo+maxAtomicBatch, len(b.rows))])
+		var apiErr *jetstream.APIError
+		switch {
+		case err == nil:
+		case errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeAtomicDuplicate:
+			// Some of its messages were stored before (a relay died before
+			// it marked them, or they were re-driven): the broker refuses
+			// them twice in an atomic batch and drops them published one at
+			// a time. Nothing behind the batch has been published yet.
+			r.logger.DebugContext(ctx, "atomic batch refused for a message stored before; publishing a message at a time", "events", len(b.rows)-lo)
+			for _, span := range b.spans[min(lo, len(b.spans)):] {
+				endSpan(span, err)
+			}
+			b.spans = b.spans[:min(lo, len(b.spans))]
+			r.publishEach(ctx, b, b.rows[lo:])
+			return
+		default:
+			b.pubErr = err
+			return
+		}
 	}
 }
 
-// atomically tells whether b goes as atomic batches: it is large enough,
-// and its rows come after the last atomic batch the broker refused.
-func (r *Relay) atomically(b *batch) bool {
-	return r.cfg.AtomicBatchMin > 0 && len(b.rows) >= r.cfg.AtomicBatchMin && b.rows[0].ID > r.singleThrough.Load()
+// errCodeAtomicDuplicate is JetStream's refusal of an atomic batch that
+// holds a message id the stream has stored.
+const errCodeAtomicDuplicate jetstream.ErrorCode = 10201
+
+// publishEach publishes rows, the last of b, one message at a time without
+// waiting for their acks.
+func (r *Relay) publishEach(ctx context.Context, b *batch, rows []dbsqlc.ClaimUnsentRow) {
+	b.futures = make([]jetstream.PubAckFuture, 0, len(rows))
+	for _, row := range rows {
+		msg, ok := r.nextMessage(ctx, b, row)
+		if !ok {
+			return
+		}
+		f, err := r.js.PublishMsgAsync(msg, r.noRetry)
+		if err != nil {
+			b.pubErr = fmt.Errorf("publish event %s: %w", row.EventID, err)
+			return
+		}
+		b.futures = append(b.futures, f)
+	}
 }
 
 // publishAtomic publishes rows, the next of b, as one atomic batch: every
 // message but the last as a plain NATS publish, the last with the commit
-// header, whose ack stands for the batch. It waits for that ack.
-func (r *Relay) publishAtomic(ctx context.Context, b *batch, rows []dbsqlc.ClaimUnsentRow) {
+// header, whose ack stands for the batch. It waits for that ack, and counts
+// the rows stored.
+func (r *Relay) publishAtomic(ctx context.Context, b *batch, rows []dbsqlc.ClaimUnsentRow) error {
 	id := nuid.Next()
 	for i, row := range rows {
 		msg, ok := r.nextMessage(ctx, b, row)
 		if !ok {
-			return
+			return b.pubErr
 		}
 		msg.Header.Set(batchIDHeader, id)
 		msg.Header.Set(batchSeqHeader, strconv.Itoa(i+1))
 		if i < len(rows)-1 {
 			if err := r.js.Conn().PublishMsg(msg); err != nil {
-				b.pubErr = fmt.Errorf("publish event %s: %w", row.EventID, err)
-				return
+				return fmt.Errorf("publish event %s: %w", row.EventID, err)
 			}
 			continue
 		}
@@ -652,12 +667,11 @@ func (r *Relay) publishAtomic(ctx context.Context, b *batch, rows []dbsqlc.Claim
 		_, err := r.js.PublishMsg(pctx, msg, r.noRetry)
 		cancel()
 		if err != nil {
-			r.singleThrough.Store(row.ID)
-			b.pubErr = fmt.Errorf("publish events %s to %s as an atomic batch: %w", rows[0].EventID, row.EventID, err)
-			return
+			return fmt.Errorf("publish events %s to %s as an atomic batch: %w", rows[0].EventID, row.EventID, err)
 		}
 	}
 	b.stored += len(rows)
+	return nil
 }
 
 // nextMessage makes the message of row, the next of b, and counts it
