@@ -378,8 +378,6 @@ func (e *Env) dir(dataDir, name string) (string, error) {
 	return dir, nil
 }
 
-// environMap turns "KEY=value" entries into a map; the last one wins, as in
-// exec.Cmd.Env.
 // natsSyncAlways tells whether the embedded JetStream fsyncs every write.
 func (cfg Config) natsSyncAlways() bool {
 	return cfg.NATSSync == NATSSyncAlways || cfg.NATSSync == NATSSyncAuto && cfg.Durable
@@ -398,6 +396,8 @@ func servicesEnviron(cfg Config) map[string]string {
 	return overlay(map[string]string{"OUTBOX_ATOMIC_BATCH_MIN": "0"}, environ)
 }
 
+// environMap turns "KEY=value" entries into a map; the last one wins, as in
+// exec.Cmd.Env.
 func environMap(environ []string) map[string]string {
 	m := make(map[string]string, len(environ))
 	for _, kv := range environ {
