@@ -94,7 +94,9 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 	// Environ is the environment the services read their configuration from,
 	// as os.Environ returns it. Start overrides DATABASE_URL, NATS_URL and
-	// HTTP_ADDR in it. Nil means every other setting at its default.
+	// HTTP_ADDR in it, and sets OUTBOX_ATOMIC_BATCH_MIN to 0 where it is
+	// unset and JetStream does not fsync every write. Nil means every other
+	// setting at its default.
 	Environ []string
 	// ReadyTimeout bounds the wait for every service to answer /readyz;
 	// default 2 minutes.
