@@ -71,11 +71,12 @@
 //     writes them in that order, which it does by locking the aggregate's row
 //     before enqueueing (see Enqueue). Publishing stops at the first publish
 //     that cannot be sent, and the client never resends a publish behind
-//     later ones. One limit remains: when the broker refuses a publish that
-//     it received, the rows behind it, up to the end of the next batch, are
-//     already on their way; they stay unsent, acknowledged or not, and are
-//     published again behind it, but the first copies may be stored ahead
-//     of it.
+//     later ones. One limit remains: when the broker refuses a message
+//     published on its own (not in an atomic batch, behind which nothing
+//     goes before its ack), the rows behind it, up to the end of the next
+//     batch, are already on their way; they stay unsent, acknowledged or
+//     not, and are published again behind it, but the first copies may be
+//     stored ahead of it.
 //   - One relay publishes at a time: the lock is held while Run publishes,
 //     and a relay whose connection dies loses it together with the session
 //     on which it marks rows, so it can mark nothing more while another

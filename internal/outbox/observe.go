@@ -93,7 +93,7 @@ func (r *Relay) observePublish(b *batch, acked int, err error) {
 	for _, row := range b.rows[:acked] {
 		r.cfg.Observer.Acked(event.Type(row.EventType), now.Sub(row.EventTime))
 	}
-	if b.attempted > 0 {
+	if b.attempted {
 		r.cfg.Observer.Published(acked, now.Sub(b.start), err)
 	}
 }

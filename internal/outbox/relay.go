@@ -339,8 +339,9 @@ type batch struct {
 	// futures are the acks of rows[stored:stored+len(futures)], the rows
 	// published one at a time.
 	futures []jetstream.PubAckFuture
-	// attempted counts the rows handed to the client, published or not.
-	attempted int
+	// attempted tells whether a row was handed to the client, published or
+	// not.
+	attempted bool
 	// spans are the same rows' send spans, when the relay traces.
 	spans []trace.Span
 	// pubErr is why publishing stopped before the end of rows.
@@ -593,32 +594,37 @@ func (r *Relay) publish(ctx context.Context, b *batch) {
 	if r.tracer != nil {
 		b.spans = make([]trace.Span, 0, len(b.rows))
 	}
+	b.pubErr = r.publishRows(ctx, b)
+}
+
+// publishRows is publish's work; it returns why it stopped before the end
+// of b's rows.
+func (r *Relay) publishRows(ctx context.Context, b *batch) error {
 	if r.cfg.AtomicBatchMin == 0 || len(b.rows) < r.cfg.AtomicBatchMin {
-		r.publishEach(ctx, b, b.rows)
-		return
+		return r.publishEach(ctx, b, b.rows)
 	}
 	for lo := 0; lo < len(b.rows); lo += maxAtomicBatch {
 		err := r.publishAtomic(ctx, b, b.rows[lo:min(lo+maxAtomicBatch, len(b.rows))])
 		var apiErr *jetstream.APIError
-		switch {
-		case err == nil:
-		case errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeAtomicDuplicate:
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeAtomicDuplicate {
 			// Some of its messages were stored before (a relay died before
 			// it marked them, or they were re-driven): the broker refuses
 			// them twice in an atomic batch and drops them published one at
 			// a time. Nothing behind the batch has been published yet.
 			r.logger.DebugContext(ctx, "atomic batch refused for a message stored before; publishing a message at a time", "events", len(b.rows)-lo)
-			for _, span := range b.spans[min(lo, len(b.spans)):] {
-				endSpan(span, err)
+			if r.tracer != nil {
+				for _, span := range b.spans[lo:] {
+					endSpan(span, err)
+				}
+				b.spans = b.spans[:lo]
 			}
-			b.spans = b.spans[:min(lo, len(b.spans))]
-			r.publishEach(ctx, b, b.rows[lo:])
-			return
-		default:
-			b.pubErr = err
-			return
+			return r.publishEach(ctx, b, b.rows[lo:])
+		}
+		if err != nil {
+			return err
 		}
 	}
+	return nil
 }
 
 // errCodeAtomicDuplicate is JetStream's refusal of an atomic batch that
@@ -627,20 +633,20 @@ const errCodeAtomicDuplicate jetstream.ErrorCode = 10201
 
 // publishEach publishes rows, the last of b, one message at a time without
 // waiting for their acks.
-func (r *Relay) publishEach(ctx context.Context, b *batch, rows []dbsqlc.ClaimUnsentRow) {
+func (r *Relay) publishEach(ctx context.Context, b *batch, rows []dbsqlc.ClaimUnsentRow) error {
 	b.futures = make([]jetstream.PubAckFuture, 0, len(rows))
 	for _, row := range rows {
-		msg, ok := r.nextMessage(ctx, b, row)
-		if !ok {
-			return
+		msg, err := r.nextMessage(ctx, b, row)
+		if err != nil {
+			return err
 		}
 		f, err := r.js.PublishMsgAsync(msg, r.noRetry)
 		if err != nil {
-			b.pubErr = fmt.Errorf("publish event %s: %w", row.EventID, err)
-			return
+			return fmt.Errorf("publish event %s: %w", row.EventID, err)
 		}
 		b.futures = append(b.futures, f)
 	}
+	return nil
 }
 
 // publishAtomic publishes rows, the next of b, as one atomic batch: every
@@ -650,9 +656,9 @@ func (r *Relay) publishEach(ctx context.Context, b *batch, rows []dbsqlc.ClaimUn
 func (r *Relay) publishAtomic(ctx context.Context, b *batch, rows []dbsqlc.ClaimUnsentRow) error {
 	id := nuid.Next()
 	for i, row := range rows {
-		msg, ok := r.nextMessage(ctx, b, row)
-		if !ok {
-			return b.pubErr
+		msg, err := r.nextMessage(ctx, b, row)
+		if err != nil {
+			return err
 		}
 		msg.Header.Set(batchIDHeader, id)
 		msg.Header.Set(batchSeqHeader, strconv.Itoa(i+1))
@@ -664,7 +670,7 @@ func (r *Relay) publishAtomic(ctx context.Context, b *batch, rows []dbsqlc.Claim
 		}
 		msg.Header.Set(batchCommitHeader, "1")
 		pctx, cancel := context.WithDeadline(ctx, b.deadline)
-		_, err := r.js.PublishMsg(pctx, msg, r.noRetry)
+		_, err = r.js.PublishMsg(pctx, msg, r.noRetry)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("publish events %s to %s as an atomic batch: %w", rows[0].EventID, row.EventID, err)
@@ -674,24 +680,21 @@ func (r *Relay) publishAtomic(ctx context.Context, b *batch, rows []dbsqlc.Claim
 	return nil
 }
 
-// nextMessage makes the message of row, the next of b, and counts it
-// attempted; it reports false, with b.pubErr set, when row cannot be sent
-// or ctx is done.
-func (r *Relay) nextMessage(ctx context.Context, b *batch, row dbsqlc.ClaimUnsentRow) (*nats.Msg, bool) {
+// nextMessage makes the message of row, the next of b, and marks b
+// attempted; it fails when row cannot be sent or ctx is done.
+func (r *Relay) nextMessage(ctx context.Context, b *batch, row dbsqlc.ClaimUnsentRow) (*nats.Msg, error) {
 	if ctx.Err() != nil {
-		b.pubErr = fmt.Errorf("publish event %s: halted", row.EventID)
-		return nil, false
+		return nil, fmt.Errorf("publish event %s: halted", row.EventID)
 	}
 	msg, err := message(row)
 	if err != nil {
-		b.pubErr = err
-		return nil, false
+		return nil, err
 	}
 	if r.tracer != nil {
 		b.spans = append(b.spans, r.startSend(ctx, row, msg))
 	}
-	b.attempted++
-	return msg, true
+	b.attempted = true
+	return msg, nil
 }
 
 // settle waits for the acks of b. It returns how many of its first rows
