@@ -31,4 +31,4 @@ FOR UPDATE;
 UPDATE stock
 SET available = stock.available - want.quantity, updated_at = now()
 FROM (SELECT unnest(@skus::text[]) AS sku, unnest(@quantities::bigint[]) AS quantity) AS want
-WHERE stock.sku = want.sku;
+WHERE stock.sku = want.sku AND stock.sku = ANY (@skus::text[]);

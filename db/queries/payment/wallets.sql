@@ -46,4 +46,4 @@ FOR UPDATE;
 UPDATE wallets
 SET balance_cents = wallets.balance_cents - d.amount, updated_at = now()
 FROM (SELECT unnest(@customer_ids::text[]) AS customer_id, unnest(@amounts::bigint[]) AS amount) AS d
-WHERE wallets.customer_id = d.customer_id;
+WHERE wallets.customer_id = d.customer_id AND wallets.customer_id = ANY (@customer_ids::text[]);

@@ -13,7 +13,7 @@ const decrementStock = `-- name: DecrementStock :exec
 UPDATE stock
 SET available = stock.available - want.quantity, updated_at = now()
 FROM (SELECT unnest($1::text[]) AS sku, unnest($2::bigint[]) AS quantity) AS want
-WHERE stock.sku = want.sku
+WHERE stock.sku = want.sku AND stock.sku = ANY ($1::text[])
 `
 
 type DecrementStockParams struct {

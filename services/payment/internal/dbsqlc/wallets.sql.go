@@ -61,7 +61,7 @@ const debitWallets = `-- name: DebitWallets :exec
 UPDATE wallets
 SET balance_cents = wallets.balance_cents - d.amount, updated_at = now()
 FROM (SELECT unnest($1::text[]) AS customer_id, unnest($2::bigint[]) AS amount) AS d
-WHERE wallets.customer_id = d.customer_id
+WHERE wallets.customer_id = d.customer_id AND wallets.customer_id = ANY ($1::text[])
 `
 
 type DebitWalletsParams struct {
