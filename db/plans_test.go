@@ -121,7 +121,7 @@ func genericPlan(t *testing.T, pool *pgxpool.Pool, sql string) string {
 	require.NoError(t, err)
 	defer conn.Release()
 	// A session's prepared statements outlive its transactions.
-	defer func() { _, _ = conn.Exec(ctx, `DEALLOCATE IF EXISTS set_based`) }()
+	defer func() { _, _ = conn.Exec(ctx, `DEALLOCATE set_based`) }()
 	tx, err := conn.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
@@ -134,6 +134,7 @@ func genericPlan(t *testing.T, pool *pgxpool.Pool, sql string) string {
 	args := strings.TrimSuffix(strings.Repeat("NULL, ", nparams), ", ")
 	rows, err := tx.Query(ctx, `EXPLAIN (COSTS OFF) EXECUTE set_based(`+args+`)`)
 	require.NoError(t, err)
+	defer rows.Close()
 	var plan strings.Builder
 	for rows.Next() {
 		var line string
