@@ -43,6 +43,8 @@ FOR UPDATE;
 -- balance's CHECK fails the statement on the server, and with it a COMMIT
 -- sent in the same round trip (a row count compared by the client would
 -- come after that COMMIT).
+-- The customer_ids are named twice: = ANY is an index condition even in a
+-- generic plan made on a nearly empty table (db/plans_test.go).
 UPDATE wallets
 SET balance_cents = wallets.balance_cents - d.amount, updated_at = now()
 FROM (SELECT unnest(@customer_ids::text[]) AS customer_id, unnest(@amounts::bigint[]) AS amount) AS d

@@ -26,6 +26,8 @@ type DecrementStockParams struct {
 // fails the statement on the server, and with it a COMMIT sent in the same
 // round trip (a row count compared by the client would come after that
 // COMMIT).
+// The skus are named twice: = ANY is an index condition even in a
+// generic plan made on a nearly empty table (db/plans_test.go).
 func (q *Queries) DecrementStock(ctx context.Context, db DBTX, arg DecrementStockParams) error {
 	_, err := db.Exec(ctx, decrementStock, arg.Skus, arg.Quantities)
 	return err

@@ -74,6 +74,8 @@ type DebitWalletsParams struct {
 // balance's CHECK fails the statement on the server, and with it a COMMIT
 // sent in the same round trip (a row count compared by the client would
 // come after that COMMIT).
+// The customer_ids are named twice: = ANY is an index condition even in a
+// generic plan made on a nearly empty table (db/plans_test.go).
 func (q *Queries) DebitWallets(ctx context.Context, db DBTX, arg DebitWalletsParams) error {
 	_, err := db.Exec(ctx, debitWallets, arg.CustomerIds, arg.Amounts)
 	return err
