@@ -95,7 +95,12 @@ type Handler func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
 // plans for their arguments each time (the PlanEachCall query): a batch's
 // arrays would defeat a cached generic plan. The writes that need no answer
 // (the batch's updates, inserts and outbox rows) it queues on writes: the
-// inbox sends them with the COMMIT, in one round trip. An error, returned
+// inbox sends them with the COMMIT, in one round trip, and runs them with
+// their generic plans, made once per connection. An update joined to arrays
+// must then name its keys with = ANY as well as joining on them: a join
+// alone, planned while the table was nearly empty, scans the whole table at
+// every call until the table is analyzed (see SetOrderStatuses in
+// db/queries/order and db/plans_test.go). An error, returned
 // or of a queued write, rolls back the transaction and the consumer runs the
 // batch again with the Handler for each event, so that one bad event fails
 // only itself.

@@ -79,7 +79,11 @@ SELECT set_config('plan_cache_mode', 'force_custom_plan', true);
 -- name: PlanGeneric :exec
 -- Runs the rest of the transaction's prepared statements with their generic
 -- plans: the writes of a set-based batch, inserts from arrays and updates
--- joined on a key, whose generic plans (index probes) serve any batch.
+-- joined on a key, whose generic plans (index probes) serve any batch. A
+-- generic plan is made once per connection, on the table as it is then: an
+-- update joined to arrays names its keys with = ANY as well, so that its
+-- plan probes the key even if made on a nearly empty table
+-- (db/plans_test.go).
 -- PostgreSQL would plan them anew for every call: for the few events of a
 -- batch under light load, a plan for the particular arrays looks cheaper
 -- than the generic one. At 300 orders/s their planning took a tenth of the
