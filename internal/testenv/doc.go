@@ -1,6 +1,8 @@
 // Package testenv gives tests real servers: a fresh, migrated PostgreSQL
 // database per test and a NATS server with JetStream. It is imported only by
-// _test.go files; a package that uses it runs its tests through Run:
+// _test.go files; a package that uses it runs its tests through Run, which
+// stops the shared servers when they are done (without it, a test that asks
+// for one fails):
 //
 //	func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 //

@@ -171,6 +171,9 @@ func (n *NATS) shutdownLocked() {
 // sharedNATS returns the URL of the binary's shared server, starting a
 // container on first use, or "" when each test gets an embedded server.
 func (e *environment) sharedNATS() (string, error) {
+	if !e.running.Load() {
+		return "", errNoRun
+	}
 	e.natsOnce.Do(func() {
 		e.natsURL, e.natsErr = e.startNATS(context.Background())
 	})

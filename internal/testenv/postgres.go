@@ -155,6 +155,9 @@ type template struct {
 
 // postgres returns the server, choosing and starting it on first use.
 func (e *environment) postgres() (*pgServer, error) {
+	if !e.running.Load() {
+		return nil, errNoRun
+	}
 	e.pgOnce.Do(func() {
 		e.pg, e.pgErr = e.startPostgres(context.Background())
 	})

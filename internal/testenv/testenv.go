@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +25,10 @@ var shared = &environment{
 // environment holds what outlives a single test.
 type environment struct {
 	logger *slog.Logger
+
+	// running is set by Run: only then are the shared servers started,
+	// since only Run stops them.
+	running atomic.Bool
 
 	dockerOnce sync.Once
 	dockerErr  error // why no Docker engine is usable; nil if one answers
@@ -60,6 +65,7 @@ func readSettings() settings {
 // Run runs the tests, stops the shared servers, and then, if the tests
 // passed, fails when goroutines are left over. It returns the exit code.
 func Run(m *testing.M) int {
+	shared.running.Store(true)
 	code := m.Run()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -79,6 +85,11 @@ func Run(m *testing.M) int {
 	}
 	return 0
 }
+
+// errNoRun is the error of a test that asks for a shared server in a test
+// binary whose TestMain does not call Run.
+var errNoRun = errors.New("the package's TestMain must call testenv.Run, which stops the shared servers " +
+	"(func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }); without it every run would leave them behind")
 
 // onTeardown registers f to run when the tests are done, before the ones
 // registered earlier.
