@@ -7,14 +7,13 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nuid"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/internal/event"
@@ -44,14 +43,6 @@ const (
 // maxAtomicBatch is the most messages nats-server takes in one atomic
 // batch unless configured otherwise.
 const maxAtomicBatch = 1000
-
-// The headers of an atomic batch publish (ADR-50), which the JetStream
-// client does not define.
-const (
-	batchIDHeader     = "Nats-Batch-Id"
-	batchSeqHeader    = "Nats-Batch-Sequence"
-	batchCommitHeader = "Nats-Batch-Commit"
-)
 
 const (
 	defaultBatchSize      = 1024
@@ -649,32 +640,26 @@ func (r *Relay) publishEach(ctx context.Context, b *batch, rows []dbsqlc.ClaimUn
 	return nil
 }
 
-// publishAtomic publishes rows, the next of b, as one atomic batch: every
-// message but the last as a plain NATS publish, the last with the commit
-// header, whose ack stands for the batch. It waits for that ack, and counts
-// the rows stored.
+// publishAtomic publishes rows, the next of b, as one atomic batch
+// (jetstreamext, ADR-50): every message but the last as a plain NATS
+// publish, the last with the commit, whose ack stands for the batch. It
+// waits for that ack, and counts the rows stored.
 func (r *Relay) publishAtomic(ctx context.Context, b *batch, rows []dbsqlc.ClaimUnsentRow) error {
-	id := nuid.Next()
+	msgs := make([]*nats.Msg, len(rows))
 	for i, row := range rows {
 		msg, err := r.nextMessage(ctx, b, row)
 		if err != nil {
 			return err
 		}
-		msg.Header.Set(batchIDHeader, id)
-		msg.Header.Set(batchSeqHeader, strconv.Itoa(i+1))
-		if i < len(rows)-1 {
-			if err := r.js.Conn().PublishMsg(msg); err != nil {
-				return fmt.Errorf("publish event %s: %w", row.EventID, err)
-			}
-			continue
-		}
-		msg.Header.Set(batchCommitHeader, "1")
-		pctx, cancel := context.WithDeadline(ctx, b.deadline)
-		_, err = r.js.PublishMsg(pctx, msg, r.noRetry)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("publish events %s to %s as an atomic batch: %w", rows[0].EventID, row.EventID, err)
-		}
+		msgs[i] = msg
+	}
+	pctx, cancel := context.WithDeadline(ctx, b.deadline)
+	defer cancel()
+	// Without flow control: the library would wait for an ack of the first
+	// message, a round trip per batch that a batch of at most
+	// maxAtomicBatch messages does not need.
+	if _, err := jetstreamext.PublishMsgBatch(pctx, r.js, msgs, jetstreamext.BatchFlowControl{}); err != nil {
+		return fmt.Errorf("publish events %s to %s as an atomic batch: %w", rows[0].EventID, rows[len(rows)-1].EventID, err)
 	}
 	b.stored += len(rows)
 	return nil
