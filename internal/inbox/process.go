@@ -423,7 +423,7 @@ func claimAhead(begin *postgres.TxStart) (ahead *postgres.Pipeline, claimErr fun
 	ahead.AfterSend(func(e error) { sent, err = true, e })
 	return ahead, func(ctx context.Context) error {
 		if !sent {
-			_, _ = begin.Exec(ctx, "SELECT 1") // its failure is the claim's, or no one's
+			_ = begin.SendAhead(ctx) // its failure is the claim's, or BEGIN's
 		}
 		return err
 	}

@@ -123,6 +123,16 @@ func (b *TxStart) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	return (&Pipeline{}).Then(b).QueryRow(ctx, sql, args...)
 }
 
+// SendAhead sends BEGIN and the statements queued on Ahead, unless they
+// were sent, in a round trip of their own: for a transaction whose queued
+// statements must reach the server though nothing else will carry them.
+// The error is BEGIN's or a queued statement's, which its AfterSend
+// functions learn as well.
+func (b *TxStart) SendAhead(ctx context.Context) error {
+	_, err := b.begun(ctx)
+	return err
+}
+
 // begun sends BEGIN and what is queued ahead, unless they were sent, for
 // the calls that cannot carry them.
 func (b *TxStart) begun(ctx context.Context) (pgx.Tx, error) {
