@@ -6,7 +6,9 @@
 #   BENCH=Inbox COUNT=1 bench/run.sh  # a subset
 #
 # BENCH       -bench regexp (default: all)
-# COUNT       runs per benchmark; the report takes the median (default 3)
+# COUNT       rounds, each running every benchmark once; the report takes
+#             the median of the rounds' figures, and of their ratios
+#             (default 3)
 # EVENTS      events per benchmark run, a fixed count so that every figure
 #             covers the same work (default 5000)
 # BACKLOG     outbox rows the relay and the Watermill forwarder drain
@@ -36,6 +38,7 @@ echo "running: go test -run '^\$' -bench '$bench' -skip '$drains' -benchtime ${e
 : >"$out"
 for round in $(seq "$count"); do
 	echo "round $round of $count"
+	echo "# round $round" >>"$out" # bench/report pairs the figures of a ratio by round
 	go test -run '^$' -bench "$bench" -skip "$drains" -benchtime "${events}x" -count 1 -timeout 0 ./bench 2>/dev/null |
 		tee -a "$out" | grep -E '^Benchmark' || true
 	[ -z "$selected_drains" ] ||

@@ -2,6 +2,13 @@
 // more runs, as `go test -bench -count N` prints them) on standard input and
 // prints every events/s figure, the median of its runs, and the ratios the
 // project's performance targets are stated in, each marked met or missed.
+//
+// A ratio is taken round by round, its two figures from the same round, and
+// the median of the rounds' ratios is the one judged: the machine's speed
+// drifts by a third from one hour to the next, and a ratio of two medians
+// may pair a figure of a fast round with one of a slow round. A line
+// "# round N" (bench/run.sh writes one before each round) starts round N;
+// without such lines, the k-th result of a benchmark is of round k.
 // Where the benchmarks measured the machine's CPU time per event, it prints
 // that too, and the rate it allows with every core busy: a figure far below
 // that rate waits on something (round trips, locks, fsyncs); one close to
@@ -14,6 +21,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"regexp"
 	"runtime"
@@ -42,10 +50,14 @@ func metric(unit string) *regexp.Regexp {
 var (
 	cpuMetric  = metric("cpu-us/event")
 	selfMetric = metric("self-share")
+	// roundMarker starts a round (bench/run.sh).
+	roundMarker = regexp.MustCompile(`^# round (\d+)\s*$`)
 )
 
 func run(in io.Reader, out io.Writer) error {
 	runs := map[string][]float64{}
+	rounds := map[string][]int{}   // the round of each of runs[name]
+	round := 0                     // the current marked round; 0 before any marker
 	cpu := map[string][]float64{}  // µs of CPU time per event
 	self := map[string][]float64{} // the benchmark process's share of it
 	metrics := []struct {
@@ -55,6 +67,10 @@ func run(in io.Reader, out io.Writer) error {
 	var names []string
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
+		if r := roundMarker.FindStringSubmatch(sc.Text()); r != nil {
+			round, _ = strconv.Atoi(r[1]) // \d+ that overflows an int is no round anyway
+			continue
+		}
 		m := line.FindStringSubmatch(sc.Text())
 		if m == nil {
 			continue
@@ -68,6 +84,11 @@ func run(in io.Reader, out io.Writer) error {
 			names = append(names, name)
 		}
 		runs[name] = append(runs[name], v)
+		r := round
+		if r == 0 {
+			r = len(runs[name])
+		}
+		rounds[name] = append(rounds[name], r)
 		for _, o := range metrics {
 			if c := o.re.FindStringSubmatch(sc.Text()); c != nil {
 				f, err := strconv.ParseFloat(c[1], 64)
@@ -85,6 +106,13 @@ func run(in io.Reader, out io.Writer) error {
 		return fmt.Errorf("no benchmark results with events/s on input")
 	}
 	rate := map[string]float64{}
+	byRound := map[string]map[int]float64{}
+	for name, vs := range runs {
+		byRound[name] = map[int]float64{}
+		for i, v := range vs {
+			byRound[name][rounds[name][i]] = v
+		}
+	}
 	cores := runtime.NumCPU()
 	fmt.Fprintf(out, "%-52s %12s %12s %12s %8s  %s\n", "benchmark", "events/s", "cpu µs/ev", fmt.Sprintf("%d-core cap", cores), "self", "runs")
 	for _, name := range names {
@@ -100,9 +128,9 @@ func run(in io.Reader, out io.Writer) error {
 		fmt.Fprintf(out, "%-52s %12.0f %12s %12s %8s  %s\n", name, rate[name], usage, ceiling, share, fmtRuns(runs[name]))
 	}
 	fmt.Fprintln(out)
-	fmt.Fprintf(out, "%-74s %9s %9s  %s\n", "target", "measured", "needed", "")
+	fmt.Fprintf(out, "%-74s %9s %9s  %-7s %s\n", "target", "measured", "needed", "", "rounds")
 	for _, t := range targets() {
-		got, ok := t.value(rate)
+		got, perRound, ok := t.value(rate, byRound)
 		if !ok {
 			continue
 		}
@@ -114,7 +142,11 @@ func run(in io.Reader, out io.Writer) error {
 		if t.atMost {
 			cmp = "≤"
 		}
-		fmt.Fprintf(out, "%-74s %9s %s%8s  %s\n", t.name, t.format(got), cmp, t.format(t.bound), verdict)
+		each := make([]string, len(perRound))
+		for i, v := range perRound {
+			each[i] = t.format(v)
+		}
+		fmt.Fprintf(out, "%-74s %9s %s%8s  %-7s %s\n", t.name, t.format(got), cmp, t.format(t.bound), verdict, strings.Join(each, " "))
 	}
 	return nil
 }
@@ -128,19 +160,32 @@ type target struct {
 	atMost   bool
 }
 
-func (t target) value(rate map[string]float64) (float64, bool) {
+// value returns the figure a target is judged on and the rounds' figures
+// it was taken from: for a ratio, the median of the ratios of the rounds
+// that measured both figures, or the ratio of the medians when no round
+// did; for an absolute target, the median rate.
+func (t target) value(rate map[string]float64, byRound map[string]map[int]float64) (float64, []float64, bool) {
 	n, ok := rate[t.num]
 	if !ok {
-		return 0, false
+		return 0, nil, false
 	}
 	if t.den == "" {
-		return n, true
+		return n, nil, true
 	}
 	d, ok := rate[t.den]
-	if !ok || n == 0 {
-		return 0, false
+	if !ok || d == 0 {
+		return 0, nil, false
 	}
-	return n / d, true
+	var ratios []float64
+	for _, r := range slices.Sorted(maps.Keys(byRound[t.num])) {
+		if dr, ok := byRound[t.den][r]; ok && dr > 0 {
+			ratios = append(ratios, byRound[t.num][r]/dr)
+		}
+	}
+	if len(ratios) == 0 {
+		return n / d, nil, true
+	}
+	return median(ratios), ratios, true
 }
 
 func (t target) format(v float64) string {

@@ -24,3 +24,52 @@ func TestReportTakesMediansTheCoresCapAndTheSelfShare(t *testing.T) {
 	require.Regexp(t, `Broker/op=publish/fsync=default\s+50000\s+50000`, out.String(), "no CPU figure, no cap, no share")
 	require.Regexp(t, `inventory set-based, events/s\s+11000 ≥\s+20000\s+MISSED`, out.String())
 }
+
+// TestRatiosArePairedByRound: a ratio is the median of the rounds' ratios,
+// each of two figures of one round, not the ratio of the two medians, which
+// would pair a fast round's figure with a slow round's.
+func TestRatiosArePairedByRound(t *testing.T) {
+	inbox := "BenchmarkInbox/pg=durable/mode=batched/workers=1-2   5000   1 ns/op   %d events/s"
+	limit := "BenchmarkDBLimit/pg=durable/mode=pipelined/conns=1-2   5000   1 ns/op   %d events/s"
+	// Medians: inbox 20,000, limit 40,000, 0.50× the limit. Round by round:
+	// 0.80×, 0.40× and 0.80×.
+	rounds := [][2]int{{20_000, 25_000}, {16_000, 40_000}, {40_000, 50_000}}
+	tests := []struct {
+		name  string
+		lines func(round int, inbox, limit string) []string
+	}{
+		{"marked rounds, in any order within one", func(r int, inbox, limit string) []string {
+			return []string{fmt.Sprintf("# round %d", r), limit, "PASS", inbox}
+		}},
+		{"unmarked: the k-th result is of round k", func(_ int, inbox, limit string) []string {
+			return []string{inbox, limit}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var in []string
+			for i, r := range rounds {
+				in = append(in, tt.lines(i+1, fmt.Sprintf(inbox, r[0]), fmt.Sprintf(limit, r[1]))...)
+			}
+			var out strings.Builder
+			require.NoError(t, run(strings.NewReader(strings.Join(in, "\n")), &out))
+			require.Regexp(t, `batched inbox / batched DB limit \(its statements\)\s+0\.80× ≥\s+0\.60×\s+met\s+0\.80× 0\.40× 0\.80×`, out.String())
+		})
+	}
+}
+
+// TestARoundWithoutBothFiguresIsLeftOutOfItsRatio: a round that lost one
+// figure of a ratio (a benchmark that failed) does not pair it with
+// another round's.
+func TestARoundWithoutBothFiguresIsLeftOutOfItsRatio(t *testing.T) {
+	in := strings.Join([]string{
+		"# round 1",
+		"BenchmarkInbox/pg=durable/mode=batched/workers=1-2   5000   1 ns/op   30000 events/s",
+		"BenchmarkDBLimit/pg=durable/mode=pipelined/conns=1-2   5000   1 ns/op   40000 events/s",
+		"# round 2",
+		"BenchmarkDBLimit/pg=durable/mode=pipelined/conns=1-2   5000   1 ns/op   10000 events/s",
+	}, "\n")
+	var out strings.Builder
+	require.NoError(t, run(strings.NewReader(in), &out))
+	require.Regexp(t, `batched inbox / batched DB limit \(its statements\)\s+0\.75× ≥\s+0\.60×\s+met\s+0\.75×\n`, out.String())
+}
