@@ -8,7 +8,8 @@
 // drifts by a third from one hour to the next, and a ratio of two medians
 // may pair a figure of a fast round with one of a slow round. A line
 // "# round N" (bench/run.sh writes one before each round) starts round N;
-// without such lines, the k-th result of a benchmark is of round k.
+// without such lines, the k-th result of a benchmark is of round k. Within
+// a round, the k-th result of one figure pairs with the k-th of the other.
 // Where the benchmarks measured the machine's CPU time per event, it prints
 // that too, and the rate it allows with every core busy: a figure far below
 // that rate waits on something (round trips, locks, fsyncs); one close to
@@ -106,11 +107,11 @@ func run(in io.Reader, out io.Writer) error {
 		return fmt.Errorf("no benchmark results with events/s on input")
 	}
 	rate := map[string]float64{}
-	byRound := map[string]map[int]float64{}
+	byRound := map[string]map[int][]float64{}
 	for name, vs := range runs {
-		byRound[name] = map[int]float64{}
+		byRound[name] = map[int][]float64{}
 		for i, v := range vs {
-			byRound[name][rounds[name][i]] = v
+			byRound[name][rounds[name][i]] = append(byRound[name][rounds[name][i]], v)
 		}
 	}
 	cores := runtime.NumCPU()
@@ -160,30 +161,25 @@ type target struct {
 	atMost   bool
 }
 
-// value returns the figure a target is judged on and the rounds' figures
-// it was taken from: for a ratio, the median of the ratios of the rounds
-// that measured both figures, or the ratio of the medians when no round
-// did; for an absolute target, the median rate.
-func (t target) value(rate map[string]float64, byRound map[string]map[int]float64) (float64, []float64, bool) {
-	n, ok := rate[t.num]
-	if !ok {
-		return 0, nil, false
-	}
+// value returns the figure a target is judged on and, for a ratio, the
+// rounds' ratios it is the median of. An absolute target is judged on the
+// median rate. A ratio is missing (ok is false) when no round measured
+// both of its figures.
+func (t target) value(rate map[string]float64, byRound map[string]map[int][]float64) (got float64, ratios []float64, ok bool) {
 	if t.den == "" {
-		return n, nil, true
+		got, ok = rate[t.num]
+		return got, nil, ok
 	}
-	d, ok := rate[t.den]
-	if !ok || d == 0 {
-		return 0, nil, false
-	}
-	var ratios []float64
 	for _, r := range slices.Sorted(maps.Keys(byRound[t.num])) {
-		if dr, ok := byRound[t.den][r]; ok && dr > 0 {
-			ratios = append(ratios, byRound[t.num][r]/dr)
+		nums, dens := byRound[t.num][r], byRound[t.den][r]
+		for i := range min(len(nums), len(dens)) {
+			if nums[i] > 0 && dens[i] > 0 {
+				ratios = append(ratios, nums[i]/dens[i])
+			}
 		}
 	}
 	if len(ratios) == 0 {
-		return n / d, nil, true
+		return 0, nil, false
 	}
 	return median(ratios), ratios, true
 }

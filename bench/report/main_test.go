@@ -58,18 +58,45 @@ func TestRatiosArePairedByRound(t *testing.T) {
 	}
 }
 
-// TestARoundWithoutBothFiguresIsLeftOutOfItsRatio: a round that lost one
-// figure of a ratio (a benchmark that failed) does not pair it with
-// another round's.
-func TestARoundWithoutBothFiguresIsLeftOutOfItsRatio(t *testing.T) {
-	in := strings.Join([]string{
-		"# round 1",
-		"BenchmarkInbox/pg=durable/mode=batched/workers=1-2   5000   1 ns/op   30000 events/s",
-		"BenchmarkDBLimit/pg=durable/mode=pipelined/conns=1-2   5000   1 ns/op   40000 events/s",
-		"# round 2",
-		"BenchmarkDBLimit/pg=durable/mode=pipelined/conns=1-2   5000   1 ns/op   10000 events/s",
-	}, "\n")
-	var out strings.Builder
-	require.NoError(t, run(strings.NewReader(in), &out))
-	require.Regexp(t, `batched inbox / batched DB limit \(its statements\)\s+0\.75× ≥\s+0\.60×\s+met\s+0\.75×\n`, out.String())
+// TestRoundsPairOnlyTheirOwnFigures: a round that lost one figure of a
+// ratio (a benchmark that failed) is left out of it rather than paired
+// with another round's figure, and the results of one benchmark within a
+// round pair in order.
+func TestRoundsPairOnlyTheirOwnFigures(t *testing.T) {
+	const (
+		inbox = "BenchmarkInbox/pg=durable/mode=batched/workers=1-2   5000   1 ns/op   %d events/s"
+		limit = "BenchmarkDBLimit/pg=durable/mode=pipelined/conns=1-2   5000   1 ns/op   %d events/s"
+		ratio = `batched inbox / batched DB limit \(its statements\)`
+	)
+	tests := []struct {
+		name  string
+		lines []string
+		want  string // "" for no ratio at all
+	}{
+		{"a round without its inbox figure", []string{
+			"# round 1", fmt.Sprintf(inbox, 30_000), fmt.Sprintf(limit, 40_000),
+			"# round 2", fmt.Sprintf(limit, 10_000),
+		}, ratio + `\s+0\.75× ≥\s+0\.60×\s+met\s+0\.75×\n`},
+		{"three results of each in one round", []string{
+			"# round 1",
+			fmt.Sprintf(inbox, 30_000), fmt.Sprintf(limit, 40_000),
+			fmt.Sprintf(inbox, 28_000), fmt.Sprintf(limit, 40_000),
+			fmt.Sprintf(inbox, 32_000), fmt.Sprintf(limit, 40_000),
+		}, ratio + `\s+0\.75× ≥\s+0\.60×\s+met\s+0\.75× 0\.70× 0\.80×\n`},
+		{"no round with both figures", []string{
+			"# round 1", fmt.Sprintf(inbox, 30_000),
+			"# round 2", fmt.Sprintf(limit, 40_000),
+		}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out strings.Builder
+			require.NoError(t, run(strings.NewReader(strings.Join(tt.lines, "\n")), &out))
+			if tt.want == "" {
+				require.NotRegexp(t, ratio, out.String())
+				return
+			}
+			require.Regexp(t, tt.want, out.String())
+		})
+	}
 }
