@@ -596,8 +596,7 @@ func (r *Relay) publishRows(ctx context.Context, b *batch) error {
 	}
 	for lo := 0; lo < len(b.rows); lo += maxAtomicBatch {
 		err := r.publishAtomic(ctx, b, b.rows[lo:min(lo+maxAtomicBatch, len(b.rows))])
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeAtomicDuplicate {
+		if errors.Is(err, jetstreamext.ErrBatchPublishDuplicateMsgID) {
 			// Some of its messages were stored before (a relay died before
 			// it marked them, or they were re-driven): the broker refuses
 			// them twice in an atomic batch and drops them published one at
@@ -617,10 +616,6 @@ func (r *Relay) publishRows(ctx context.Context, b *batch) error {
 	}
 	return nil
 }
-
-// errCodeAtomicDuplicate is JetStream's refusal of an atomic batch that
-// holds a message id the stream has stored.
-const errCodeAtomicDuplicate jetstream.ErrorCode = 10201
 
 // publishEach publishes rows, the last of b, one message at a time without
 // waiting for their acks.
