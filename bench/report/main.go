@@ -57,10 +57,10 @@ var (
 
 func run(in io.Reader, out io.Writer) error {
 	runs := map[string][]float64{}
-	rounds := map[string][]int{}   // the round of each of runs[name]
-	round := 0                     // the current marked round; 0 before any marker
-	cpu := map[string][]float64{}  // µs of CPU time per event
-	self := map[string][]float64{} // the benchmark process's share of it
+	byRound := map[string]map[int][]float64{} // runs[name] by round
+	round := 0                                // the current marked round; 0 before any marker
+	cpu := map[string][]float64{}             // µs of CPU time per event
+	self := map[string][]float64{}            // the benchmark process's share of it
 	metrics := []struct {
 		re   *regexp.Regexp
 		into map[string][]float64
@@ -83,13 +83,14 @@ func run(in io.Reader, out io.Writer) error {
 		name := strings.TrimPrefix(m[1], "Benchmark")
 		if _, ok := runs[name]; !ok {
 			names = append(names, name)
+			byRound[name] = map[int][]float64{}
 		}
 		runs[name] = append(runs[name], v)
 		r := round
 		if r == 0 {
 			r = len(runs[name])
 		}
-		rounds[name] = append(rounds[name], r)
+		byRound[name][r] = append(byRound[name][r], v)
 		for _, o := range metrics {
 			if c := o.re.FindStringSubmatch(sc.Text()); c != nil {
 				f, err := strconv.ParseFloat(c[1], 64)
@@ -107,13 +108,6 @@ func run(in io.Reader, out io.Writer) error {
 		return fmt.Errorf("no benchmark results with events/s on input")
 	}
 	rate := map[string]float64{}
-	byRound := map[string]map[int][]float64{}
-	for name, vs := range runs {
-		byRound[name] = map[int][]float64{}
-		for i, v := range vs {
-			byRound[name][rounds[name][i]] = append(byRound[name][rounds[name][i]], v)
-		}
-	}
 	cores := runtime.NumCPU()
 	fmt.Fprintf(out, "%-52s %12s %12s %12s %8s  %s\n", "benchmark", "events/s", "cpu µs/ev", fmt.Sprintf("%d-core cap", cores), "self", "runs")
 	for _, name := range names {
