@@ -177,10 +177,13 @@ func TestDatabaseRestart(t *testing.T) {
 }
 
 // TestSlowHandler makes the payment handlers slower than the ack wait: the
-// payment consumers' AckWait is cut to one second while half of payment's
-// database connections get 300ms of latency, so a batch takes seconds, the
-// message is redelivered to another worker while the first attempt still
-// runs, and the second attempt's claim waits for the first one's commit.
+// payment consumers' AckWait is cut to one second while payment's database
+// connections get 600ms of latency, so a batch (two round trips) takes over
+// a second, the message is redelivered to another worker while the first
+// attempt still runs, and the second attempt's claim waits for the first
+// one's commit. Every connection is slowed: with half of them slowed, a
+// run could see no redelivery at all (the pool can keep handing out the
+// fast ones).
 func TestSlowHandler(t *testing.T) {
 	t.Parallel()
 	sys := newSystem(t)
@@ -197,9 +200,9 @@ func TestSlowHandler(t *testing.T) {
 	err := d.run(t.Context(), func(ctx context.Context) error {
 		stopSampling := sys.sampleClaimWaits(ctx, "payment", &claimWaits)
 		defer stopSampling()
-		sys.faults.add("latency_300ms_on_half_of_payment_pg_links", 1)
+		sys.faults.add("latency_600ms_on_payment_pg_links", 1)
 		sys.faults.add("ack_wait_1s", 2)
-		return pg.apply(ctx, toxic{kind: "latency", stream: "downstream", toxicity: 0.5, attributes: `{"latency":300,"jitter":50}`}, 8*time.Second)
+		return pg.apply(ctx, toxic{kind: "latency", stream: "downstream", toxicity: 1, attributes: `{"latency":600,"jitter":50}`}, 8*time.Second)
 	})
 	if err != nil {
 		t.Fatal(err)
