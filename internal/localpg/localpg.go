@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -42,7 +43,8 @@ type Config struct {
 	// BinDir holds initdb and postgres. Empty means the directory of initdb
 	// on PATH (symlinks resolved), else the newest /usr/lib/postgresql/*/bin.
 	BinDir string
-	// Port is the TCP port on 127.0.0.1. Zero picks a free one.
+	// Port is the TCP port on 127.0.0.1. Zero picks a free one, and another
+	// if that one is taken before the server binds it.
 	Port int
 	// Durable keeps PostgreSQL's crash-safety defaults. When false, fsync,
 	// synchronous_commit and full_page_writes are off: fast, and lost on an
@@ -80,6 +82,12 @@ type process struct {
 // server, returning once the server accepts connections. The caller must
 // call Stop.
 func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Cluster, error) {
+	return startWith(ctx, cfg, logger, freePort)
+}
+
+// startWith is Start, with the ports it tries when cfg.Port is zero picked
+// by pickPort.
+func startWith(ctx context.Context, cfg Config, logger *slog.Logger, pickPort func() (int, error)) (*Cluster, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -93,7 +101,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Cluster, erro
 	}
 	port := cfg.Port
 	if port == 0 {
-		if port, err = freePort(); err != nil {
+		if port, err = pickPort(); err != nil {
 			return nil, err
 		}
 	}
@@ -119,11 +127,28 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Cluster, erro
 	if err := c.initDir(ctx, cfg.Durable); err != nil {
 		return nil, errors.Join(err, c.cleanup())
 	}
-	if err := c.start(ctx); err != nil {
-		return nil, errors.Join(err, c.cleanup())
+	for attempt := 1; ; attempt++ {
+		err := c.start(ctx)
+		if err == nil {
+			return c, nil
+		}
+		// A port picked free can be taken by another process before the
+		// server binds it (go test runs packages' binaries side by side).
+		if cfg.Port != 0 || !errors.Is(err, errPortTaken) || attempt == maxPortAttempts {
+			return nil, errors.Join(err, c.cleanup())
+		}
+		if c.port, err = pickPort(); err != nil {
+			return nil, errors.Join(err, c.cleanup())
+		}
+		c.args = c.serverArgs(cfg)
 	}
-	return c, nil
 }
+
+// maxPortAttempts bounds the ports Start tries when it picks them.
+const maxPortAttempts = 5
+
+// errPortTaken is the failure of a server whose port was in use.
+var errPortTaken = errors.New("port in use")
 
 // URL is the connection URL of database as the superuser "postgres".
 func (c *Cluster) URL(database string) string {
@@ -247,6 +272,11 @@ func (c *Cluster) start(ctx context.Context) error {
 		return fmt.Errorf("open server log: %w", err)
 	}
 	defer logFile.Close() // the child has its own descriptor
+	// This run's lines follow what earlier runs wrote.
+	logStart, err := logFile.Seek(0, io.SeekEnd)
+	if err != nil {
+		return fmt.Errorf("open server log: %w", err)
+	}
 
 	// Not CommandContext: the server outlives the start-up context.
 	cmd := exec.Command(filepath.Join(c.binDir, "postgres"), c.args...)
@@ -270,7 +300,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		close(p.done)
 	}()
 
-	if err := c.waitReady(ctx, p); err != nil {
+	if err := c.waitReady(ctx, p, logStart); err != nil {
 		p.kill()
 		<-p.done
 		return err
@@ -281,8 +311,9 @@ func (c *Cluster) start(ctx context.Context) error {
 }
 
 // waitReady polls until the server accepts a connection, exits, or the
-// start-up time is up.
-func (c *Cluster) waitReady(ctx context.Context, p *process) error {
+// start-up time is up. The server's lines of this run start at logStart in
+// its log.
+func (c *Cluster) waitReady(ctx context.Context, p *process, logStart int64) error {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	ticker := time.NewTicker(50 * time.Millisecond)
@@ -294,7 +325,11 @@ func (c *Cluster) waitReady(ctx context.Context, p *process) error {
 		}
 		select {
 		case <-p.done:
-			return fmt.Errorf("postgres exited during start-up (%v); server log %s:\n%s", p.err, c.logPath, c.logTail())
+			err := fmt.Errorf("postgres exited during start-up (%v); server log %s:\n%s", p.err, c.logPath, c.logTail())
+			if c.portTaken(logStart) {
+				err = fmt.Errorf("%w: %w", errPortTaken, err)
+			}
+			return err
 		case <-ctx.Done():
 			return fmt.Errorf("postgres not accepting connections on port %d: %w (last attempt: %v); server log %s:\n%s",
 				c.port, ctx.Err(), err, c.logPath, c.logTail())
@@ -365,6 +400,13 @@ func (p *process) kill() {
 }
 
 // logTail is the end of the server log, for error messages.
+// portTaken tells whether the server's log, from logStart on, says that
+// its port was in use.
+func (c *Cluster) portTaken(logStart int64) bool {
+	b, err := os.ReadFile(c.logPath)
+	return err == nil && int64(len(b)) >= logStart && bytes.Contains(b[logStart:], []byte("Address already in use"))
+}
+
 func (c *Cluster) logTail() string {
 	b, err := os.ReadFile(c.logPath)
 	if err != nil {
