@@ -179,11 +179,13 @@ func TestDatabaseRestart(t *testing.T) {
 // TestSlowHandler makes the payment handlers slower than the ack wait: the
 // payment consumers' AckWait is cut to one second while payment's database
 // connections get 600ms of latency, so a batch (two round trips) takes over
-// a second, the message is redelivered to another worker while the first
-// attempt still runs, and the second attempt's claim waits for the first
-// one's commit. Every connection is slowed: with half of them slowed, a
-// run could see no redelivery at all (the pool can keep handing out the
-// fast ones).
+// a second and its messages are redelivered to other workers, under load.
+// Every connection is slowed: with half of them slowed, a run could see no
+// redelivery at all (the pool can keep handing out the fast ones). Whether
+// a redelivery's claim meets its first attempt still uncommitted is up to
+// timing here (most first attempts commit before their redelivery's claim
+// arrives); inbox.TestARedeliveryWaitsForTheAttemptStillRunning makes them
+// meet every time.
 func TestSlowHandler(t *testing.T) {
 	t.Parallel()
 	sys := newSystem(t)
@@ -196,10 +198,7 @@ func TestSlowHandler(t *testing.T) {
 	for _, durable := range []string{streams.PaymentOrders, streams.PaymentInventory} {
 		sys.setAckWait(durable, time.Second)
 	}
-	claimWaits := 0
 	err := d.run(t.Context(), func(ctx context.Context) error {
-		stopSampling := sys.sampleClaimWaits(ctx, "payment", &claimWaits)
-		defer stopSampling()
 		sys.faults.add("latency_600ms_on_payment_pg_links", 1)
 		sys.faults.add("ack_wait_1s", 2)
 		return pg.apply(ctx, toxic{kind: "latency", stream: "downstream", toxicity: 1, attributes: `{"latency":600,"jitter":50}`}, 8*time.Second)
@@ -209,12 +208,9 @@ func TestSlowHandler(t *testing.T) {
 	}
 	sys.verify(d, expect{exactCounts: true})
 	m := sys.counters()
-	t.Logf("slow handler: payment-orders duplicates=%v, claim waits sampled=%d", m[metricKey{streams.PaymentOrders, "duplicate"}], claimWaits)
+	t.Logf("slow handler: payment-orders duplicates=%v", m[metricKey{streams.PaymentOrders, "duplicate"}])
 	if m[metricKey{streams.PaymentOrders, "duplicate"}] == 0 {
 		t.Errorf("e2e: no redelivery of OrderPlaced was dropped as a duplicate: the handler never outlasted the ack wait")
-	}
-	if claimWaits == 0 {
-		t.Errorf("e2e: no claim was seen waiting for a concurrent attempt's commit")
 	}
 }
 
@@ -238,28 +234,6 @@ func (sys *system) setAckWait(durable string, d time.Duration) {
 		return
 	}
 	t.Fatalf("e2e: no durable %s", durable)
-}
-
-// sampleClaimWaits counts, every 50ms, the backends of kind's database that
-// wait for a lock while claiming an event: a redelivery waiting for the
-// first attempt's commit.
-func (sys *system) sampleClaimWaits(ctx context.Context, kind string, n *int) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for sleepCtx(ctx, 50*time.Millisecond) {
-			var waiting int
-			err := sys.pg.admin.QueryRow(ctx, `
-				SELECT count(*) FROM pg_stat_activity
-				WHERE datname = $1 AND wait_event_type = 'Lock' AND query ILIKE '%processed_events%'`,
-				sys.dbName(kind)).Scan(&waiting)
-			if err == nil {
-				*n += waiting
-			}
-		}
-	}()
-	return func() { cancel(); <-done }
 }
 
 // TestPoison publishes malformed, unknown-type, invalid, ancient and orphaned

@@ -96,6 +96,59 @@ func TestAnEventProcessedBeforeIsADuplicateWhateverItsHandlerDoes(t *testing.T) 
 	}
 }
 
+// A handler slower than the ack wait: the event is redelivered to another
+// worker while its first attempt is still uncommitted. The redelivery's
+// claim waits for that attempt's outcome instead of running the handler a
+// second time, and once the attempt commits, the redelivery is a duplicate.
+// (The end-to-end TestSlowHandler does the same under load, where whether
+// the two attempts overlap is up to timing; here they always do.)
+func TestARedeliveryWaitsForTheAttemptStillRunning(t *testing.T) {
+	t.Parallel()
+	both(t, func(t *testing.T, batched bool) {
+		e := setup(t, streams.Consumer{AckWait: time.Second})
+		release := make(chan struct{})
+		var calls atomic.Int32
+		slow := func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			first := calls.Add(1) == 1
+			if err := writeEffect(ctx, tx, ev); err != nil {
+				return err
+			}
+			// A statement that answers sends the claim and the effect
+			// ahead of it: the claim's row exists, uncommitted.
+			if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+				return err
+			}
+			if first {
+				<-release
+			}
+			return nil
+		}
+		// Two workers of one message each: while one holds the first
+		// attempt, the other fetches the redelivery. (The first may hold
+		// one redelivery fetched ahead; the next goes to the other.)
+		c := e.start(t, inbox.Config{Batched: batched, BatchSize: 1, Workers: 2}, slow)
+		releaseOnce := sync.OnceFunc(func() { close(release) })
+		t.Cleanup(releaseOnce) // before the consumer's cleanup, if the test fails first
+		ev := newEvent(t)
+		e.publish(t, ev)
+
+		require.Eventually(t, func() bool {
+			waiting, err := e.count(t.Context(),
+				`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`)
+			return err == nil && waiting > 0
+		}, waitFor, tick, "no claim waited for the first attempt")
+		releaseOnce()
+
+		require.Eventually(t, func() bool { return c.Stats().Processed == 1 && c.Stats().Duplicates >= 1 }, waitFor, tick)
+		e.requireSettled(t)
+		s := c.Stats()
+		require.Equal(t, inbox.Stats{Processed: 1, Duplicates: s.Duplicates}, s)
+		require.EqualValues(t, 1, calls.Load(), "the handler ran for a redelivery")
+		require.EqualValues(t, 1, e.effects(t, ev.ID))
+		require.EqualValues(t, 1, e.claims(t))
+	})
+}
+
 func TestCrashBetweenCommitAndAck(t *testing.T) {
 	t.Parallel()
 	both(t, func(t *testing.T, batched bool) {
