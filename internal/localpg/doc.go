@@ -6,7 +6,8 @@
 // The server is tied to the calling process: it runs in its own process
 // group (a terminal's Ctrl-C reaches only the parent, which shuts it down in
 // order) and the kernel kills it if the parent dies, so a crashed test binary
-// leaves no server behind. When the caller is root, initdb and postgres run as
+// leaves no server behind. Its temporary directory records the process that
+// created it; the next Start removes the directories whose creator is gone. When the caller is root, initdb and postgres run as
 // the "postgres" OS user, since PostgreSQL refuses to run as root.
 //
 // A cluster started with Durable false trades crash safety for speed (fsync,

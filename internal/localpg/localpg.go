@@ -108,10 +108,14 @@ func startWith(ctx context.Context, cfg Config, logger *slog.Logger, pickPort fu
 
 	dir, removeDir := cfg.Dir, false
 	if dir == "" {
-		if dir, err = os.MkdirTemp("", "onceflow-pg-"); err != nil {
+		removeAbandoned(os.TempDir(), logger)
+		if dir, err = os.MkdirTemp("", tempDirPrefix); err != nil {
 			return nil, fmt.Errorf("create cluster directory: %w", err)
 		}
 		removeDir = true
+		if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+			return nil, errors.Join(fmt.Errorf("record the cluster directory's owner: %w", err), os.RemoveAll(dir))
+		}
 	}
 	c := &Cluster{
 		logger:    logger,
@@ -381,6 +385,40 @@ func (c *Cluster) stopServer(ctx context.Context) error {
 	p.kill()
 	<-p.done
 	return fmt.Errorf("postgres did not shut down in time and was killed; server log %s:\n%s", c.logPath, c.logTail())
+}
+
+const (
+	// tempDirPrefix begins the name of a temporary cluster's directory.
+	tempDirPrefix = "onceflow-pg-"
+	// ownerFile, in a temporary cluster's directory, holds the process id
+	// of the process that created it, which removes it at Stop.
+	ownerFile = "owner.pid"
+)
+
+// removeAbandoned removes the temporary cluster directories in tmp whose
+// owner is gone: a test binary that panicked or an `onceflow dev` killed
+// with SIGKILL takes its server with it, but leaves its directory behind,
+// which nothing else would remove. A directory whose owner file is missing
+// (being created, or made before owners were recorded) or names a live
+// process is left alone; so is one whose owner cannot be told, even if its
+// process id was reused since.
+func removeAbandoned(tmp string, logger *slog.Logger) {
+	dirs, _ := filepath.Glob(filepath.Join(tmp, tempDirPrefix+"*"))
+	for _, dir := range dirs {
+		b, err := os.ReadFile(filepath.Join(dir, ownerFile))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(string(b))
+		if err != nil || pid <= 0 || !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+			continue
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			logger.Warn("remove an abandoned postgres cluster directory", "dir", dir, "err", err)
+			continue
+		}
+		logger.Info("removed an abandoned postgres cluster directory", "dir", dir, "owner_pid", pid)
+	}
 }
 
 // cleanup removes the cluster directory if Start created it.
