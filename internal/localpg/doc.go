@@ -7,8 +7,9 @@
 // group (a terminal's Ctrl-C reaches only the parent, which shuts it down in
 // order) and the kernel kills it if the parent dies, so a crashed test binary
 // leaves no server behind. Its temporary directory records the process that
-// created it; the next Start removes the directories whose creator is gone. When the caller is root, initdb and postgres run as
-// the "postgres" OS user, since PostgreSQL refuses to run as root.
+// created it; the next Start removes the directories whose creator is gone.
+// When the caller is root, initdb and postgres run as the "postgres" OS
+// user, since PostgreSQL refuses to run as root.
 //
 // A cluster started with Durable false trades crash safety for speed (fsync,
 // synchronous_commit and full_page_writes off): a server crash is survived,

@@ -437,7 +437,6 @@ func (p *process) kill() {
 	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 }
 
-// logTail is the end of the server log, for error messages.
 // portTaken tells whether the server's log, from logStart on, says that
 // its port was in use.
 func (c *Cluster) portTaken(logStart int64) bool {
@@ -445,6 +444,7 @@ func (c *Cluster) portTaken(logStart int64) bool {
 	return err == nil && int64(len(b)) >= logStart && bytes.Contains(b[logStart:], []byte("Address already in use"))
 }
 
+// logTail is the end of the server log, for error messages.
 func (c *Cluster) logTail() string {
 	b, err := os.ReadFile(c.logPath)
 	if err != nil {
