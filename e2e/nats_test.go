@@ -42,13 +42,9 @@ jetstream {
 }
 `
 
-// startNATS starts a server whose files live in dir.
-func startNATS(ctx context.Context, bin, dir string) (*natsServer, error) {
-	ports, err := freePorts(2)
-	if err != nil {
-		return nil, err
-	}
-	port, monitor := ports[0], ports[1]
+// startNATS starts a server whose files live in dir, listening for clients
+// on port and for monitoring on monitor.
+func startNATS(ctx context.Context, bin, dir string, port, monitor int) (*natsServer, error) {
 	n := &natsServer{
 		bin:      bin,
 		confPath: filepath.Join(dir, "nats.conf"),

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/url"
 	"os"
 	"time"
@@ -187,20 +186,4 @@ func (s *pgServer) terminateBackends(ctx context.Context, databases []string, ap
 		return 0, fmt.Errorf("terminate backends of %v: %w", databases, err)
 	}
 	return n, nil
-}
-
-// freePorts returns n distinct TCP ports on 127.0.0.1 that were free a
-// moment ago: all are held open until all are picked, so that the system
-// does not hand out one port twice.
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("pick a free port: %w", err)
-		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }

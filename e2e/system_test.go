@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // kinds are the four services, in the saga's order.
@@ -98,7 +99,8 @@ func newSystem(t *testing.T) *system {
 		t.Cleanup(pool.Close)
 	}
 
-	n, err := startNATS(ctx, shared.natsBin, sys.dir)
+	ports := testenv.FreePorts(t, 2)
+	n, err := startNATS(ctx, shared.natsBin, sys.dir, ports[0], ports[1])
 	if err != nil {
 		t.Fatalf("e2e: %v", err)
 	}
@@ -138,10 +140,7 @@ func (sys *system) start(d deployment) {
 	for _, kind := range kinds {
 		n += max(1, d.replicas[kind])
 	}
-	ports, err := freePorts(n)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ports := testenv.FreePorts(t, n)
 	for _, kind := range kinds {
 		for i := range max(1, d.replicas[kind]) {
 			port := ports[0]

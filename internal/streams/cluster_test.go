@@ -2,7 +2,6 @@ package streams_test
 
 import (
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // The same topology runs unchanged on a 3-node cluster with R3 streams:
@@ -53,13 +53,7 @@ func TestProvisionOnAThreeNodeClusterWithR3(t *testing.T) {
 // and returns their client URLs.
 func startCluster(t *testing.T, n int) []string {
 	t.Helper()
-	routePorts := make([]int, n)
-	for i := range routePorts {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		routePorts[i] = ln.Addr().(*net.TCPAddr).Port
-		require.NoError(t, ln.Close())
-	}
+	routePorts := testenv.FreePorts(t, n)
 	var routes []string
 	for _, p := range routePorts {
 		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", p))

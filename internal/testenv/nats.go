@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -56,7 +55,9 @@ func NewNATS(t testing.TB) *NATS {
 		return &NATS{URL: url}
 	}
 
-	n := &NATS{embedded: true, storeDir: t.TempDir(), port: server.RANDOM_PORT}
+	// A port from FreePorts rather than a random one, so that Restart finds
+	// it still free.
+	n := &NATS{embedded: true, storeDir: t.TempDir(), port: FreePorts(t, 1)[0]}
 	if err := n.start(); err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
@@ -123,7 +124,7 @@ func (n *NATS) Restart(t testing.TB) {
 	}
 }
 
-// start starts an embedded server on n.port (a random one the first time).
+// start starts an embedded server on n.port.
 func (n *NATS) start() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -149,7 +150,6 @@ func (n *NATS) startLocked() error {
 		return fmt.Errorf("embedded nats on port %d not ready for connections", n.port)
 	}
 	n.srv, n.running = srv, true
-	n.port = srv.Addr().(*net.TCPAddr).Port
 	return nil
 }
 

@@ -43,6 +43,7 @@ type environment struct {
 	// natsHeld serialises the tests on a shared NATS server, whose streams
 	// have fixed names.
 	natsHeld sync.Mutex
+	ports    portPool // handed out by FreePorts
 
 	mu         sync.Mutex
 	teardowns  []func(context.Context) error // run in reverse order
