@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -20,6 +19,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/internal/freeport"
 )
 
 // ErrNotInstalled reports that no PostgreSQL binaries were found.
@@ -43,8 +44,8 @@ type Config struct {
 	// BinDir holds initdb and postgres. Empty means the directory of initdb
 	// on PATH (symlinks resolved), else the newest /usr/lib/postgresql/*/bin.
 	BinDir string
-	// Port is the TCP port on 127.0.0.1. Zero picks a free one, and another
-	// if that one is taken before the server binds it.
+	// Port is the TCP port on 127.0.0.1. Zero picks a free one (package
+	// freeport), and another if that one is taken before the server binds it.
 	Port int
 	// Durable keeps PostgreSQL's crash-safety defaults. When false, fsync,
 	// synchronous_commit and full_page_writes are off: fast, and lost on an
@@ -82,7 +83,10 @@ type process struct {
 // server, returning once the server accepts connections. The caller must
 // call Stop.
 func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Cluster, error) {
-	return startWith(ctx, cfg, logger, freePort)
+	// A port from freeport, rather than one the kernel picks, stays free
+	// while Restart stops and starts the server on it.
+	var ports freeport.Pool
+	return startWith(ctx, cfg, logger, ports.Take)
 }
 
 // startWith is Start, with the ports it tries when cfg.Port is zero picked
@@ -136,8 +140,9 @@ func startWith(ctx context.Context, cfg Config, logger *slog.Logger, pickPort fu
 		if err == nil {
 			return c, nil
 		}
-		// A port picked free can be taken by another process before the
-		// server binds it (go test runs packages' binaries side by side).
+		// A port picked free can still be taken before the server binds it,
+		// by another process picking by number (go test runs packages'
+		// binaries side by side, each with its own pool).
 		if cfg.Port != 0 || !errors.Is(err, errPortTaken) || attempt == maxPortAttempts {
 			return nil, errors.Join(err, c.cleanup())
 		}
@@ -526,13 +531,4 @@ func serverCredential() (*syscall.Credential, error) {
 		return nil, fmt.Errorf("gid of user postgres: %w", err)
 	}
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("pick a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/freeport"
 )
 
 // TestStartMovesOnWhenItsPickedPortIsTaken: a port picked free can be taken
@@ -20,13 +22,14 @@ func TestStartMovesOnWhenItsPickedPortIsTaken(t *testing.T) {
 
 	ctx := context.Background()
 	t.Run("picked", func(t *testing.T) {
+		var ports freeport.Pool
 		picks := 0
 		c, err := startWith(ctx, Config{}, nil, func() (int, error) {
 			picks++
 			if picks == 1 {
 				return takenPort, nil
 			}
-			return freePort()
+			return ports.Take()
 		})
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, c.Stop(context.Background())) })
@@ -34,7 +37,8 @@ func TestStartMovesOnWhenItsPickedPortIsTaken(t *testing.T) {
 		require.NotEqual(t, takenPort, c.port)
 	})
 	t.Run("chosen", func(t *testing.T) {
-		_, err := startWith(ctx, Config{Port: takenPort}, nil, freePort)
+		var ports freeport.Pool
+		_, err := startWith(ctx, Config{Port: takenPort}, nil, ports.Take)
 		require.ErrorIs(t, err, errPortTaken)
 	})
 }

@@ -19,8 +19,7 @@
 // ends. An embedded NATS server belongs to one test; a shared one (URL or
 // container) is held by one test at a time, and its streams are deleted when
 // that test ends, so stream names need not be unique. FreePorts gives a test
-// ports for servers it starts by number, from outside the range the kernel
-// picks ports from, so that no other process takes one before the server
-// binds it or while it restarts. After the tests pass, Run fails the binary if
-// goroutines leaked.
+// ports for servers it starts by number, which no other process takes by
+// chance before the server binds one or while it restarts. After the tests
+// pass, Run fails the binary if goroutines leaked.
 package testenv

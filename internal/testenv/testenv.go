@@ -14,6 +14,8 @@ import (
 
 	"github.com/testcontainers/testcontainers-go"
 	"go.uber.org/goleak"
+
+	"github.com/onceflow/onceflow/internal/freeport"
 )
 
 // shared is the environment of this test binary: the servers its tests share,
@@ -43,7 +45,7 @@ type environment struct {
 	// natsHeld serialises the tests on a shared NATS server, whose streams
 	// have fixed names.
 	natsHeld sync.Mutex
-	ports    portPool // handed out by FreePorts
+	ports    freeport.Pool // handed out by FreePorts
 
 	mu         sync.Mutex
 	teardowns  []func(context.Context) error // run in reverse order

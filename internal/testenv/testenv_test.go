@@ -1,10 +1,7 @@
 package testenv_test
 
 import (
-	"net"
 	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -114,29 +111,4 @@ func TestNATSRestartKeepsStreams(t *testing.T) {
 	stream, err := js.Stream(ctx, "TEST")
 	require.NoError(t, err)
 	require.EqualValues(t, 1, stream.CachedInfo().State.Msgs)
-}
-
-// Ports from FreePorts are distinct, bindable, and outside the range the
-// kernel hands to port-0 listeners and outgoing connections, so that nothing
-// else on the machine takes them by chance.
-func TestFreePorts(t *testing.T) {
-	t.Parallel()
-	ephemeralLow := 32768 // Linux's default, below IANA's 49152
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		fields := strings.Fields(string(b))
-		require.Len(t, fields, 2)
-		ephemeralLow, err = strconv.Atoi(fields[0])
-		require.NoError(t, err)
-	}
-
-	ports := append(testenv.FreePorts(t, 20), testenv.FreePorts(t, 20)...)
-	seen := make(map[int]bool)
-	for _, port := range ports {
-		require.False(t, seen[port], "port %d handed out twice", port)
-		seen[port] = true
-		require.Less(t, port, ephemeralLow, "port %d is in the kernel's ephemeral range", port)
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		require.NoError(t, err, "port %d", port)
-		require.NoError(t, l.Close())
-	}
 }
