@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
+	"github.com/onceflow/onceflow/internal/jsbatch"
 	"github.com/onceflow/onceflow/internal/streams"
 )
 
@@ -49,9 +50,9 @@ var brokers = []struct {
 }
 
 // BenchmarkBroker is the broker's limit, without a database: async publishes
-// with Nats-Msg-Id and their acks, and a pull consumer fetching and acking
-// (the inbox consumer's fetch), on a server with the default fsync interval
-// and on one that fsyncs every write.
+// with Nats-Msg-Id and their acks, and a pull consumer consuming and acking
+// (as the inbox consumer does, package jsbatch), on a server with the
+// default fsync interval and on one that fsyncs every write.
 func BenchmarkBroker(b *testing.B) {
 	for _, nb := range brokers {
 		b.Run(fmt.Sprintf("op=publish/fsync=%s", nb.name), func(b *testing.B) {
@@ -91,15 +92,20 @@ func BenchmarkBroker(b *testing.B) {
 			require.NoError(b, publishAll(context.Background(), js, messages(b, envelopes(orderEvents(b, b.N)))))
 			cons, err := js.Consumer(context.Background(), streams.Orders, benchConsumer)
 			require.NoError(b, err)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
 			m := measure(b)
-			for acked := 0; acked < b.N; {
-				msgs, err := fetch(cons, batchSize, time.Second)
-				require.NoError(b, err)
+			acked := 0
+			// As the inbox consumes.
+			err = jsbatch.Consume(ctx, cons, batchSize, quiet, func(msgs []jetstream.Msg) {
 				for _, msg := range msgs {
 					require.NoError(b, msg.Ack())
 				}
-				acked += len(msgs)
-			}
+				if acked += len(msgs); acked >= b.N {
+					cancel()
+				}
+			})
+			require.NoError(b, err)
 			require.NoError(b, js.Conn().Flush())
 			m.stop()
 			m.report(b.N)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox"
+	"github.com/onceflow/onceflow/internal/jsbatch"
 	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
 )
@@ -115,10 +115,10 @@ func BenchmarkInbox(b *testing.B) {
 	}
 }
 
-// BenchmarkNaive is the same consumer without the inbox: the same fetch
-// (the next batch while one is processed), decode, handler, transaction
-// and ack, but no claim, so no dedup. Its time
-// per event against BenchmarkInbox's is the overhead of correctness.
+// BenchmarkNaive is the same consumer without the inbox: the same batches
+// (package jsbatch), decode, handler, transaction and ack, but no claim, so
+// no dedup. Its time per event against BenchmarkInbox's is the overhead of
+// correctness.
 func BenchmarkNaive(b *testing.B) {
 	for _, pg := range pgTargets(b) {
 		for _, m := range consumerModes {
@@ -148,30 +148,21 @@ func (n *naive) Run(ctx context.Context) error {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	for range n.mode.workers {
-		// As the inbox does, each worker fetches its next batch while it
-		// processes one.
-		batches := make(chan []jetstream.Msg)
+		// As the inbox does: batches as they arrive, and on cancellation the
+		// messages on their way processed to the end.
 		g.Go(func() error {
-			defer close(batches)
-			for gctx.Err() == nil {
-				msgs, err := fetch(cons, batchSize, 100*time.Millisecond)
-				if err != nil {
-					return err
+			wctx, stop := context.WithCancelCause(gctx)
+			defer stop(nil)
+			work := context.WithoutCancel(gctx)
+			var failed error
+			err := jsbatch.Consume(wctx, cons, batchSize, quiet, func(msgs []jetstream.Msg) {
+				if failed == nil {
+					if failed = n.process(work, msgs); failed != nil {
+						stop(failed)
+					}
 				}
-				select {
-				case batches <- msgs:
-				case <-gctx.Done():
-				}
-			}
-			return nil
-		})
-		g.Go(func() error {
-			for msgs := range batches {
-				if err := n.process(context.WithoutCancel(gctx), msgs); err != nil {
-					return err
-				}
-			}
-			return nil
+			})
+			return errors.Join(err, failed)
 		})
 	}
 	return g.Wait()
@@ -245,32 +236,4 @@ func inTxBehind(ctx context.Context, pool *pgxpool.Pool, f func(pgx.Tx) error) e
 		return err
 	}
 	return begin.Commit(ctx, wb.Writes())
-}
-
-// fetch is the inbox consumer's fetch: what is waiting, up to max, else the
-// first message to arrive within wait and what came with it.
-func fetch(cons jetstream.Consumer, max int, wait time.Duration) ([]jetstream.Msg, error) {
-	msgs, err := collect(cons.FetchNoWait(max))
-	if len(msgs) > 0 || err != nil {
-		return msgs, err
-	}
-	if msgs, err = collect(cons.Fetch(1, jetstream.FetchMaxWait(wait))); len(msgs) == 0 || err != nil {
-		return msgs, err
-	}
-	more, err := collect(cons.FetchNoWait(max - 1))
-	return append(msgs, more...), err
-}
-
-func collect(batch jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
-	if err != nil {
-		return nil, err
-	}
-	var msgs []jetstream.Msg
-	for msg := range batch.Messages() {
-		msgs = append(msgs, msg)
-	}
-	if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-		return msgs, err
-	}
-	return msgs, nil
 }

@@ -44,7 +44,7 @@ func debitedEvents(b testing.TB, n int) []event.Envelope {
 }
 
 // serviceModes are the ways the services' batched consumers run a batch:
-// per event, set-based, and set-based with two fetch loops (two
+// per event, set-based, and set-based with two workers (two
 // transactions in flight, CONSUMER_WORKERS=2), which overlap one batch's
 // Go work with the other's database round trips.
 var serviceModes = []struct {

@@ -55,7 +55,7 @@ const (
 	// concurrent transactions rarely wait for each other's rows.
 	wallets = 1000
 	// batchSize is the events per transaction of the batched forms, the
-	// consumers' fetch size.
+	// consumers' batch size.
 	batchSize = 100
 )
 

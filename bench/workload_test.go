@@ -36,7 +36,7 @@ func TestConsumerWorkloadsDebitEveryEventOnce(t *testing.T) {
 				var c runner
 				var count func() int64
 				if kind == "inbox" {
-					cfg := inbox.Config{Stream: streams.Orders, Durable: benchConsumer, BatchSize: batchSize, Batched: m.batched, Workers: m.workers, FetchWait: 100 * time.Millisecond}
+					cfg := inbox.Config{Stream: streams.Orders, Durable: benchConsumer, BatchSize: batchSize, Batched: m.batched, Workers: m.workers}
 					if m.setBased {
 						cfg.BatchHandler = handleDebits
 					}

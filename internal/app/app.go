@@ -148,7 +148,7 @@ func Run(ctx context.Context, name string, cfg Config, logger *slog.Logger, buil
 	}
 
 	// The consumers and the relay drain the saga; they get connections of
-	// their own, one per fetch loop and two for the relay (its batches and
+	// their own, one per consumer worker and two for the relay (its batches and
 	// the lag collector), so that a burst of HTTP requests queues at the
 	// edge instead of starving them.
 	workPool, err := postgres.Connect(ctx, cfg.DatabaseURL, func(pc *pgxpool.Config) {

@@ -19,8 +19,8 @@ type Config struct {
 	NATSURL          string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
 	HTTPAddr         string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8080"`
 
-	// Inbox consumers: messages fetched at once, one transaction per batch
-	// (or per message), concurrent fetch loops per subscription.
+	// Inbox consumers: the most messages in a batch, one transaction per
+	// batch (or per message), batches processed at once per subscription.
 	ConsumerBatchSize int           `env:"CONSUMER_BATCH_SIZE" envDefault:"64"`
 	ConsumerBatched   bool          `env:"CONSUMER_BATCHED" envDefault:"true"`
 	ConsumerWorkers   int           `env:"CONSUMER_WORKERS" envDefault:"1"`

@@ -3,9 +3,9 @@
 //
 // It owns the processed_events table of a service database (one row per
 // consumer and event) and the dispatch of a durable pull consumer's
-// messages: a Consumer fetches them, records each event in processed_events
-// in the same transaction as its Handler's business writes, commits, and only
-// then acks. A Cleaner deletes the rows of events minted before the
+// messages: a Consumer takes them in batches as they arrive (package
+// jsbatch), records each event in processed_events in the same transaction
+// as its Handler's business writes, commits, and only then acks. A Cleaner deletes the rows of events minted before the
 // retention period, by the time in their UUIDv7 ids (a range of the primary
 // key, which leads with the event id).
 //
@@ -39,7 +39,7 @@
 // sent ahead of its next statement that answers, or the next event's, or
 // with the COMMIT; one that fails fails the event that queued it.
 //
-// With Config.Batched, a fetched batch shares one transaction and one claim
+// With Config.Batched, a batch shares one transaction and one claim
 // statement: for a batch of first deliveries a plain insert, on the bet that
 // none of its events was processed before (cheaper than ON CONFLICT, and
 // queued ahead of the handlers' first statement; a batch that loses the bet
@@ -55,8 +55,8 @@
 // COMMIT, which goes with them in one round trip; if it or one of its writes
 // fails, the transaction is rolled back and the batch runs again with the
 // Handler for each event. Its reads are planned for their arguments, its
-// writes run with their generic plans. The next batch is fetched while one
-// is processed.
+// writes run with their generic plans. The next messages arrive while a
+// batch is processed.
 //
 // Limits: the guarantee covers what the handler writes through its
 // transaction; an external side effect needs its own outbox. A message

@@ -11,12 +11,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
+
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox/internal/dbsqlc"
+	"github.com/onceflow/onceflow/internal/jsbatch"
 	"github.com/onceflow/onceflow/internal/postgres"
 )
 
@@ -30,7 +31,6 @@ const DefaultRetention = 7 * 24 * time.Hour
 const (
 	defaultBatchSize = 64
 	defaultWorkers   = 1
-	defaultFetchWait = time.Second
 	defaultNakDelay  = time.Second
 
 	// flushTimeout bounds the wait for the server to receive the last acks
@@ -113,22 +113,22 @@ type Config struct {
 	// consumer key in processed_events and the DLQ subject's last token.
 	Stream  string
 	Durable string
-	// BatchSize is how many messages are fetched at once (default 64).
+	// BatchSize is the most messages a batch holds (default 64); as many
+	// more may wait in hand or be asked for while one is processed.
 	BatchSize int
-	// Batched processes a fetched batch in one transaction instead of one
+	// Batched processes a batch in one transaction instead of one
 	// transaction per message (whose acks leave together, after the last
-	// of the fetch's commits). It is faster under load; a fetch returns as
-	// soon as one message is there, so it costs no latency under light load.
+	// of the batch's commits). It is faster under load; a message that
+	// comes alone is a batch at once (package jsbatch), so it costs no
+	// latency under light load.
 	Batched bool
 	// BatchHandler, when set, processes the new events of a batch in Batched
 	// mode in one call; the Handler remains the fallback when it fails, and
 	// processes every event when Batched is off.
 	BatchHandler BatchHandler
-	// Workers is the number of concurrent fetch loops (default 1).
+	// Workers is the number of batches processed at once, each worker
+	// consuming on its own (default 1).
 	Workers int
-	// FetchWait is how long a fetch waits for messages (default 1s). It
-	// bounds how long Run takes to stop.
-	FetchWait time.Duration
 	// NakDelay is how long a failed message waits before its first
 	// redelivery (default 1s); it doubles with every delivery, up to a minute.
 	NakDelay time.Duration
@@ -153,9 +153,8 @@ func (cfg Config) validate() error {
 		return errors.New("stream and durable are required")
 	case cfg.BatchSize < 1 || cfg.Workers < 1:
 		return fmt.Errorf("batch size %d and workers %d must be positive", cfg.BatchSize, cfg.Workers)
-	case cfg.FetchWait <= 0 || cfg.NakDelay < 0 || cfg.Retention <= 0:
-		return fmt.Errorf("fetch wait %s and retention %s must be positive, nak delay %s not negative",
-			cfg.FetchWait, cfg.Retention, cfg.NakDelay)
+	case cfg.NakDelay < 0 || cfg.Retention <= 0:
+		return fmt.Errorf("retention %s must be positive, nak delay %s not negative", cfg.Retention, cfg.NakDelay)
 	}
 	return nil
 }
@@ -197,7 +196,6 @@ type Consumer struct {
 func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, h Handler, logger *slog.Logger) *Consumer {
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, defaultBatchSize)
 	cfg.Workers = cmp.Or(cfg.Workers, defaultWorkers)
-	cfg.FetchWait = cmp.Or(cfg.FetchWait, defaultFetchWait)
 	cfg.NakDelay = cmp.Or(cfg.NakDelay, defaultNakDelay)
 	cfg.Retention = cmp.Or(cfg.Retention, DefaultRetention)
 	if cfg.Observer == nil {
@@ -223,9 +221,10 @@ func (c *Consumer) Stats() Stats {
 	}
 }
 
-// Run fetches and processes messages until ctx is done. It fails at once if
-// the durable consumer does not exist. On cancellation it stops fetching,
-// finishes the messages already fetched — their handlers run under a
+// Run consumes and processes messages until ctx is done. It fails at once
+// if the durable consumer does not exist, and later if it is deleted or the
+// NATS connection closes for good. On cancellation it stops asking for
+// messages, finishes those already delivered — their handlers run under a
 // context that is not canceled — and returns nil. Run is called once.
 func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.cfg.validate(); err != nil {
@@ -244,7 +243,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	for range c.cfg.Workers {
-		g.Go(func() error { return c.fetchLoop(gctx, cons) })
+		g.Go(func() error { return c.consume(gctx, cons) })
 	}
 	err = g.Wait()
 
@@ -258,92 +257,23 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return err
 }
 
-// fetchLoop fetches and processes batches until ctx is done. It returns an
-// error only when the NATS connection is closed for good.
-//
-// The next batch is fetched while the current one is processed, so that the
-// broker's round trip overlaps the database's instead of adding to it: at
-// most two batches are in hand, one being processed and one waiting.
-func (c *Consumer) fetchLoop(ctx context.Context, cons jetstream.Consumer) error {
-	batches := make(chan []jetstream.Msg)
-	var fetchErr error // written before batches is closed
-	go func() {
-		defer close(batches)
-		drained := false // the last fetch left no message waiting
-		for ctx.Err() == nil {
-			msgs, err := c.fetch(cons, drained)
-			drained = len(msgs) < c.cfg.BatchSize
-			if err != nil {
-				if errors.Is(err, nats.ErrConnectionClosed) {
-					fetchErr = fmt.Errorf("fetch from %s: %w", c.cfg.Durable, err)
-					return
-				}
-				c.logger.WarnContext(ctx, "fetch failed", "err", err)
-				sleep(ctx, c.cfg.FetchWait)
-			}
-			if len(msgs) > 0 {
-				batches <- msgs // the loop below takes every batch until the channel is closed
-			}
-		}
-	}()
-	// Messages already fetched are processed to the end: their handlers must
+// consume processes batches of the durable consumer's messages until ctx is
+// done, and then the messages already on their way. It returns an error
+// only when consuming ended by itself: the NATS connection closed for good,
+// or the consumer deleted.
+func (c *Consumer) consume(ctx context.Context, cons jetstream.Consumer) error {
+	// Messages already here are processed to the end: their handlers must
 	// not see the cancellation, or a graceful stop would become a crash.
 	work := context.WithoutCancel(ctx)
-	for msgs := range batches {
+	err := jsbatch.Consume(ctx, cons, c.cfg.BatchSize, c.logger, func(msgs []jetstream.Msg) {
 		if c.cfg.Batched {
 			c.processBatch(work, msgs)
 		} else {
 			c.processEach(work, msgs)
 		}
-	}
-	return fetchErr
-}
-
-// fetch returns up to BatchSize messages as soon as at least one is there.
-// A plain Fetch(BatchSize) would wait for a full batch or for FetchWait,
-// adding up to FetchWait to every saga hop under light load; instead it takes
-// what is waiting, and only when nothing is, waits for one message and then
-// takes what arrived with it. After a fetch that left nothing waiting
-// (drained), it does not look first: each pull request is a subscription
-// and a round trip to the broker, and under light load the look finds
-// nothing.
-func (c *Consumer) fetch(cons jetstream.Consumer, drained bool) ([]jetstream.Msg, error) {
-	if !drained {
-		msgs, err := collect(cons.FetchNoWait(c.cfg.BatchSize))
-		if len(msgs) > 0 || err != nil {
-			return msgs, err
-		}
-	}
-	msgs, err := collect(cons.Fetch(1, jetstream.FetchMaxWait(c.cfg.FetchWait)))
-	if len(msgs) == 0 || err != nil {
-		return msgs, err
-	}
-	if c.cfg.BatchSize == 1 {
-		return msgs, nil
-	}
-	more, err := collect(cons.FetchNoWait(c.cfg.BatchSize - 1))
-	return append(msgs, more...), err
-}
-
-// collect drains a fetched batch. Messages received before an error are
-// returned with it: they were delivered and must be processed.
-func collect(batch jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
+	})
 	if err != nil {
-		return nil, err
+		return fmt.Errorf("%s: %w", c.cfg.Durable, err)
 	}
-	var msgs []jetstream.Msg
-	for msg := range batch.Messages() {
-		msgs = append(msgs, msg)
-	}
-	return msgs, batch.Error()
-}
-
-// sleep waits for d or until ctx is done.
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
+	return nil
 }

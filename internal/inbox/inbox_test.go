@@ -658,6 +658,28 @@ func TestRunFailsWithoutTheDurable(t *testing.T) {
 	require.ErrorIs(t, err, jetstream.ErrConsumerNotFound)
 }
 
+// A durable deleted under a running Consumer ends Run with an error that
+// says so, rather than leaving it waiting for messages that cannot come.
+func TestRunFailsWhenItsDurableIsDeleted(t *testing.T) {
+	t.Parallel()
+	e := setup(t, streams.Consumer{})
+	c := e.consumer(inbox.Config{}, writeEffect)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(t.Context()) }()
+	e.publish(t, newEvent(t))
+	require.EventuallyWithT(t, func(c2 *assert.CollectT) {
+		assert.Equal(c2, inbox.Stats{Processed: 1}, c.Stats())
+	}, waitFor, tick)
+
+	require.NoError(t, e.js.DeleteConsumer(t.Context(), testStream, testDurable))
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, jetstream.ErrConsumerDeleted)
+	case <-time.After(waitFor):
+		t.Fatal("Run did not return")
+	}
+}
+
 // A service stopped while it starts must stop cleanly, not fail.
 func TestRunStoppedBeforeItStartsReturnsNil(t *testing.T) {
 	t.Parallel()

@@ -67,9 +67,6 @@ func setup(t *testing.T, cons streams.Consumer) *env {
 // quick test values.
 func (e *env) consumer(cfg inbox.Config, h inbox.Handler) *inbox.Consumer {
 	cfg.Stream, cfg.Durable = testStream, testDurable
-	if cfg.FetchWait == 0 {
-		cfg.FetchWait = 200 * time.Millisecond
-	}
 	if cfg.NakDelay == 0 {
 		cfg.NakDelay = 50 * time.Millisecond
 	}
