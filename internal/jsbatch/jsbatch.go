@@ -35,6 +35,7 @@ import (
 // the batch being processed.
 func Consume(ctx context.Context, cons jetstream.Consumer, size int, logger *slog.Logger, process func([]jetstream.Msg)) error {
 	arrived := make(chan jetstream.Msg, size)
+	name := cons.CachedInfo().Name
 	var (
 		mu      sync.Mutex
 		lastErr error // the latest that consuming reported
@@ -45,7 +46,7 @@ func Consume(ctx context.Context, cons jetstream.Consumer, size int, logger *slo
 			mu.Lock()
 			lastErr = err
 			mu.Unlock()
-			logger.WarnContext(ctx, "consume", "err", err)
+			logger.WarnContext(ctx, "consuming", "consumer", name, "err", err)
 		}))
 	if err != nil {
 		return fmt.Errorf("consume: %w", err)
