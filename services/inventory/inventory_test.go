@@ -39,7 +39,7 @@ func concurrent(cfg *app.Config) {
 	cfg.ConsumerWorkers = 10
 }
 
-// batchedConcurrent runs several batched fetch loops at once.
+// batchedConcurrent runs several batched workers at once.
 func batchedConcurrent(cfg *app.Config) {
 	cfg.ConsumerBatched = true
 	cfg.ConsumerBatchSize = 4
