@@ -61,7 +61,7 @@ func (s service) command(ctx context.Context, inv invocation, args []string) err
 Runs the %s service, configured from the environment, until SIGINT or
 SIGTERM. It migrates its database, provisions the JetStream streams, and
 serves its HTTP API, inbox consumers and outbox relay; on a signal it stops
-fetching, finishes in-flight work, flushes its outbox and exits.
+consuming, finishes in-flight work, flushes its outbox and exits.
 
 Environment:
 %s`, s.name, s.envHelp()))

@@ -5,9 +5,10 @@
 // consumer and event) and the dispatch of a durable pull consumer's
 // messages: a Consumer takes them in batches as they arrive (package
 // jsbatch), records each event in processed_events in the same transaction
-// as its Handler's business writes, commits, and only then acks. A Cleaner deletes the rows of events minted before the
-// retention period, by the time in their UUIDv7 ids (a range of the primary
-// key, which leads with the event id).
+// as its Handler's business writes, commits, and only then acks. A Cleaner
+// deletes the rows of events minted before the retention period, by the
+// time in their UUIDv7 ids (a range of the primary key, which leads with
+// the event id).
 //
 // Guarantees, per consumer (the durable name is the inbox's consumer key):
 //

@@ -85,7 +85,7 @@ type Handler func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
 // effects of all the new events of a batch at once (e.g. one UPDATE … FROM
 // unnest(…) instead of one UPDATE per event), inside the inbox transaction,
 // whose claim of the batch runs before the handler's statements. It
-// receives them in fetch order and must leave the database exactly as the
+// receives them in delivery order and must leave the database exactly as the
 // Handler would, called for each event in that order. As with a Handler, a
 // batch of first deliveries is claimed ahead of the handler's first
 // statement, on the bet that all its events are new: if one is not, the
@@ -158,7 +158,7 @@ func (cfg Config) validate() error {
 	return nil
 }
 
-// Stats counts what a Consumer did with the messages it fetched.
+// Stats counts what a Consumer did with the messages it received.
 type Stats struct {
 	Processed    int64 // handled and committed
 	Duplicates   int64 // already processed, acked without calling the handler
@@ -231,7 +231,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	cons, err := c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Durable)
 	if ctx.Err() != nil {
-		return nil // stopped before it started: nothing fetched, nothing to finish
+		return nil // stopped before it started: nothing received, nothing to finish
 	}
 	if err != nil {
 		return fmt.Errorf("look up consumer %s on stream %s: %w", c.cfg.Durable, c.cfg.Stream, err)

@@ -124,8 +124,8 @@ func TestARedeliveryWaitsForTheAttemptStillRunning(t *testing.T) {
 			return nil
 		}
 		// Two workers of one message each: while one holds the first
-		// attempt, the other fetches the redelivery. (The first may hold
-		// one redelivery fetched ahead; the next goes to the other.)
+		// attempt, the other receives the redelivery. (The first may hold
+		// one redelivery received ahead; the next goes to the other.)
 		c := e.start(t, inbox.Config{Batched: batched, BatchSize: 1, Workers: 2}, slow)
 		releaseOnce := sync.OnceFunc(func() { close(release) })
 		t.Cleanup(releaseOnce) // before the consumer's cleanup, if the test fails first

@@ -64,7 +64,7 @@ func (d *delivery) fail(err error) {
 // processEach processes each message in a transaction of its own, and then
 // settles them all: their acks leave together, in one write to the broker
 // where one each took a system call on each side, about as much CPU as an
-// event's transaction. An ack waits for the fetch's last commit, well
+// event's transaction. An ack waits for the batch's last commit, well
 // within the consumer's AckWait.
 func (c *Consumer) processEach(ctx context.Context, msgs []jetstream.Msg) {
 	ds := make([]*delivery, 0, len(msgs))
@@ -181,7 +181,7 @@ func (c *Consumer) processTx(ctx context.Context, d *delivery) {
 	d.outcome = processed
 }
 
-// processBatch processes a fetched batch, in one transaction when no handler
+// processBatch processes a batch, in one transaction when no handler
 // fails, and settles each of its messages.
 func (c *Consumer) processBatch(ctx context.Context, msgs []jetstream.Msg) {
 	ds := make([]*delivery, 0, len(msgs))
@@ -266,7 +266,7 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*delivery) {
 var errProcessedBefore = errors.New("an event of the batch was processed before")
 
 // batchTx claims the events of ds with one statement, runs the handlers for
-// the new ones in fetch order — the batch handler when setBased — and
+// the new ones in delivery order — the batch handler when setBased — and
 // commits, recording each delivery's outcome. When a handler fails it rolls
 // back and returns the failed event's index in ds (-1 for the batch
 // handler) and the handler's error; err is the failure of the transaction

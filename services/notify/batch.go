@@ -15,16 +15,16 @@ import (
 // HandleOrderMilestoneBatch is the set-based form of HandleOrderMilestone
 // for the new events of an inbox batch: it builds every event's e-mail as
 // HandleOrderMilestone does and queues one statement that inserts them all
-// (it goes with the inbox's COMMIT), in fetch order, so that the database ends up as HandleOrderMilestone called
-// for each event in turn would leave it — the same rows, the same ids, and
-// of two events of the batch with the same (order, milestone) the first
-// one's row.
+// (it goes with the inbox's COMMIT), in delivery order, so that the
+// database ends up as HandleOrderMilestone called for each event in turn
+// would leave it — the same rows, the same ids, and of two events of the
+// batch with the same (order, milestone) the first one's row.
 //
 // An event it cannot decode, or of another type, fails the whole batch: the
 // inbox then falls back to HandleOrderMilestone per event, which
 // dead-letters that one alone.
 //
-// The rows are inserted in fetch order rather than key order, to keep the
+// The rows are inserted in delivery order rather than key order, to keep the
 // ids (the sending and listing order) those of per-event processing. Two
 // concurrent batches can then wait for each other's keys only if both carry
 // the same milestones re-emitted under new event ids, in opposite orders,
