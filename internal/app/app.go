@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/onceflow/onceflow/internal/event"
@@ -61,50 +62,115 @@ type Spec struct {
 	Background []func(ctx context.Context) error
 }
 
-// Run runs the service name until ctx is done. build receives the
-// connections once the database is migrated and the streams provisioned.
+// Run runs the service name until ctx is done, in four named steps:
+// connect (the database, migrated, and NATS, with the saga's streams
+// provisioned), newService (the service's Spec from build, and the
+// consumers, relay and HTTP server around it), serve (everything runs until
+// ctx ends) and shutdown (stop in the order that loses nothing).
 func Run(ctx context.Context, name string, cfg Config, logger *slog.Logger, build func(Deps) (Spec, error)) (err error) {
 	// Records logged with a context carry its trace id and event ids.
 	logger = slog.New(telemetry.NewLogHandler(logger.Handler())).With("service", name)
 
-	tp := cfg.TracerProvider
-	if tp == nil {
-		var shutdown func(context.Context) error
-		if tp, shutdown, err = newTracerProvider(ctx, cfg.Tracing, name); err != nil {
-			return err
-		}
-		defer func() {
-			// Last, so that the spans of the shutdown are exported too.
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
-			defer cancel()
-			if serr := shutdown(sctx); serr != nil {
-				err = errors.Join(err, fmt.Errorf("shut down tracing: %w", serr))
-			}
-		}()
+	tp, stopTracing, err := startTracing(ctx, cfg, name)
+	if err != nil {
+		return err
 	}
+	// Last, so that the spans of the shutdown are exported too.
+	defer func() { err = errors.Join(err, stopTracing()) }()
 
-	// The pool of the HTTP handlers, the service's background loops and the
-	// cleaners. pgx's default size, the number of CPUs (at least 4), is too
-	// small for concurrent requests on a small machine; pool_max_conns in
-	// DATABASE_URL still wins.
-	pool, err := postgres.Connect(ctx, cfg.DatabaseURL, func(pc *pgxpool.Config) {
+	c, err := connect(ctx, name, cfg, logger)
+	if err != nil {
+		return err
+	}
+	// Closes what a failed newService leaves open; shutdown closes it in order.
+	defer c.close()
+
+	s, err := newService(ctx, name, cfg, c, tp, logger, build)
+	if err != nil {
+		return err
+	}
+	logger.Info("service started", "http", s.ln.Addr().String(), "nats", cfg.NATSURL, "subscriptions", len(s.consumers))
+	stopRelay := s.startRelay(ctx)
+	err = s.serve(ctx)
+	return errors.Join(err, s.shutdown(ctx, stopRelay))
+}
+
+// startTracing returns the tracer provider of the service and the function
+// that flushes and stops it: Config.TracerProvider, which is not Run's to
+// stop, or the one Config.Tracing describes.
+func startTracing(ctx context.Context, cfg Config, name string) (trace.TracerProvider, func() error, error) {
+	if cfg.TracerProvider != nil {
+		return cfg.TracerProvider, func() error { return nil }, nil
+	}
+	tp, shutdown, err := newTracerProvider(ctx, cfg.Tracing, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	stop := func() error {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+		defer cancel()
+		if err := shutdown(sctx); err != nil {
+			return fmt.Errorf("shut down tracing: %w", err)
+		}
+		return nil
+	}
+	return tp, stop, nil
+}
+
+// conns are a service's connections.
+type conns struct {
+	// pool serves the HTTP handlers, the service's background loops and the
+	// cleaners.
+	pool *pgxpool.Pool
+	// workPool serves the consumers and the relay; newService opens it once
+	// it knows how many consumers there are.
+	workPool *pgxpool.Pool
+	nc       *nats.Conn
+	js       jetstream.JetStream
+}
+
+// close closes every connection open; closing twice is harmless.
+func (c *conns) close() {
+	if c.workPool != nil {
+		c.workPool.Close()
+	}
+	if c.nc != nil {
+		c.nc.Close()
+	}
+	if c.pool != nil {
+		c.pool.Close()
+	}
+}
+
+// connect opens the service's pool and migrates its schema, then connects to
+// NATS and provisions the saga's streams and durables.
+func connect(ctx context.Context, name string, cfg Config, logger *slog.Logger) (_ *conns, err error) {
+	c := &conns{}
+	defer func() {
+		if err != nil {
+			c.close()
+		}
+	}()
+	// pgx's default size, the number of CPUs (at least 4), is too small for
+	// concurrent requests on a small machine; pool_max_conns in DATABASE_URL
+	// still wins.
+	c.pool, err = postgres.Connect(ctx, cfg.DatabaseURL, func(pc *pgxpool.Config) {
 		if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
 			pc.MaxConns = cfg.DatabaseMaxConns
 		}
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer pool.Close()
 	schema, err := postgres.ServiceSchema(name)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := postgres.Migrate(ctx, pool, schema, logger); err != nil {
-		return err
+	if err := postgres.Migrate(ctx, c.pool, schema, logger); err != nil {
+		return nil, err
 	}
 
-	nc, err := nats.Connect(cfg.NATSURL,
+	c.nc, err = nats.Connect(cfg.NATSURL,
 		nats.Name("onceflow-"+name),
 		nats.MaxReconnects(-1),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -115,63 +181,102 @@ func Run(ctx context.Context, name string, cfg Config, logger *slog.Logger, buil
 		nats.ReconnectHandler(func(*nats.Conn) { logger.Info("nats reconnected") }),
 	)
 	if err != nil {
-		return fmt.Errorf("connect to nats %s: %w", cfg.NATSURL, err)
+		return nil, fmt.Errorf("connect to nats %s: %w", cfg.NATSURL, err)
 	}
-	defer nc.Close()
 	// Bound how long the client keeps an unacknowledged async publish, so
 	// that a relay batch that timed out does not fill its pending window.
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(30*time.Second))
+	c.js, err = jetstream.New(c.nc, jetstream.WithPublishAsyncTimeout(30*time.Second))
 	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
+		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	if err := streams.Provision(ctx, js, streams.Saga(cfg.Streams())); err != nil {
-		return err
+	if err := streams.Provision(ctx, c.js, streams.Saga(cfg.Streams())); err != nil {
+		return nil, err
 	}
+	return c, nil
+}
 
+// service is a service built and ready to serve.
+type service struct {
+	*conns
+	cfg       Config
+	logger    *slog.Logger
+	spec      Spec
+	relay     *outbox.Relay
+	consumers []*inbox.Consumer
+	srv       *http.Server
+	ln        net.Listener
+}
+
+// newService builds the service's Spec, provisions its durables, and builds
+// the relay, one inbox consumer per subscription, the metrics and the HTTP
+// server around it.
+func newService(ctx context.Context, name string, cfg Config, c *conns, tp trace.TracerProvider, logger *slog.Logger, build func(Deps) (Spec, error)) (*service, error) {
 	registry := prometheus.NewRegistry()
 	if err := errors.Join(
 		registry.Register(collectors.NewGoCollector()),
 		registry.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})),
 	); err != nil {
-		return fmt.Errorf("register metrics: %w", err)
+		return nil, fmt.Errorf("register metrics: %w", err)
 	}
 	m, err := newMetrics(registry)
 	if err != nil {
-		return fmt.Errorf("register metrics: %w", err)
+		return nil, fmt.Errorf("register metrics: %w", err)
 	}
-	spec, err := build(Deps{Pool: pool, Logger: logger, Registry: registry})
+	spec, err := build(Deps{Pool: c.pool, Logger: logger, Registry: registry})
 	if err != nil {
-		return fmt.Errorf("build %s: %w", name, err)
+		return nil, fmt.Errorf("build %s: %w", name, err)
 	}
-	if err := streams.Provision(ctx, js, streams.Topology{Config: cfg.Streams(), Consumers: spec.Consumers}); err != nil {
-		return err
+	if err := streams.Provision(ctx, c.js, streams.Topology{Config: cfg.Streams(), Consumers: spec.Consumers}); err != nil {
+		return nil, err
 	}
 
 	// The consumers and the relay drain the saga; they get connections of
 	// their own, one per consumer worker and two for the relay (its batches and
 	// the lag collector), so that a burst of HTTP requests queues at the
 	// edge instead of starving them.
-	workPool, err := postgres.Connect(ctx, cfg.DatabaseURL, func(pc *pgxpool.Config) {
+	c.workPool, err = postgres.Connect(ctx, cfg.DatabaseURL, func(pc *pgxpool.Config) {
 		pc.MaxConns = int32(len(spec.Subscriptions)*max(cfg.ConsumerWorkers, 1) + 2)
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer workPool.Close()
-
-	relay := outbox.NewRelay(workPool, js, outbox.RelayConfig{
+	s := &service{conns: c, cfg: cfg, logger: logger, spec: spec}
+	s.relay = outbox.NewRelay(c.workPool, c.js, outbox.RelayConfig{
 		BatchSize:      cfg.OutboxBatchSize,
 		PollInterval:   cfg.OutboxPollInterval,
 		AtomicBatchMin: cfg.OutboxAtomicBatchMin,
 		Observer:       relayObserver{m},
 		TracerProvider: tp,
 	}, logger)
-	consumers := make([]*inbox.Consumer, len(spec.Subscriptions))
-	for i, sub := range spec.Subscriptions {
+	s.consumers = newConsumers(c.workPool, c.js, cfg, spec.Subscriptions, m, tp, logger)
+	if err := errors.Join(
+		registry.Register(newStatsCollector(s.relay)),
+		registry.Register(newPoolCollector(c.pool, "http")),
+		registry.Register(newPoolCollector(c.workPool, "consumers")),
+	); err != nil {
+		return nil, fmt.Errorf("register metrics: %w", err)
+	}
+	observe, err := httpapi.Observe(registry, tp)
+	if err != nil {
+		return nil, fmt.Errorf("register metrics: %w", err)
+	}
+	s.srv = newHTTPServer(cfg, logger, c.pool, c.nc, registry, observe, spec.Routes)
+	if s.ln = cfg.HTTPListener; s.ln == nil {
+		if s.ln, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+			return nil, fmt.Errorf("listen on %s: %w", cfg.HTTPAddr, err)
+		}
+	}
+	return s, nil
+}
+
+// newConsumers returns one inbox consumer per subscription.
+func newConsumers(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, subs []Subscription, m *metrics, tp trace.TracerProvider, logger *slog.Logger) []*inbox.Consumer {
+	consumers := make([]*inbox.Consumer, len(subs))
+	for i, sub := range subs {
 		if !cfg.ConsumerSetBased {
 			sub.BatchHandler = nil
 		}
-		consumers[i] = inbox.New(workPool, js, inbox.Config{
+		consumers[i] = inbox.New(pool, js, inbox.Config{
 			Stream:       sub.Stream,
 			Durable:      sub.Durable,
 			BatchSize:    cfg.ConsumerBatchSize,
@@ -183,77 +288,76 @@ func Run(ctx context.Context, name string, cfg Config, logger *slog.Logger, buil
 			Observer:     m.consumer(sub.Durable, tp),
 		}, sub.Handler, logger)
 	}
-	if err := errors.Join(
-		registry.Register(newStatsCollector(relay)),
-		registry.Register(newPoolCollector(pool, "http")),
-		registry.Register(newPoolCollector(workPool, "consumers")),
-	); err != nil {
-		return fmt.Errorf("register metrics: %w", err)
-	}
-	observe, err := httpapi.Observe(registry, tp)
-	if err != nil {
-		return fmt.Errorf("register metrics: %w", err)
-	}
+	return consumers
+}
 
-	srv := newHTTPServer(cfg, logger, pool, nc, registry, observe, spec.Routes)
-	ln := cfg.HTTPListener
-	if ln == nil {
-		if ln, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
-			return fmt.Errorf("listen on %s: %w", cfg.HTTPAddr, err)
-		}
+// startRelay runs the relay on a context of its own: it outlives the
+// consumers and the HTTP server, so that what they wrote while stopping is
+// still published. The function it returns stops the relay and returns how
+// it ended.
+func (s *service) startRelay(ctx context.Context) (stop func() error) {
+	relayCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan error, 1)
+	go func() { done <- s.relay.Run(relayCtx) }()
+	return func() error {
+		cancel()
+		return <-done
 	}
-	logger.Info("service started", "http", ln.Addr().String(), "nats", cfg.NATSURL, "subscriptions", len(consumers))
+}
 
-	// The relay outlives the consumers and the HTTP server, so that what they
-	// wrote while stopping is still published.
-	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopRelay()
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.Run(relayCtx) }()
-
+// serve runs the consumers, the service's background loops, the cleaners and
+// the HTTP server until ctx ends (or one of them fails), and returns once
+// they have all stopped.
+func (s *service) serve(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
-	for _, c := range consumers {
+	for _, c := range s.consumers {
 		g.Go(func() error { return c.Run(gctx) })
 	}
-	for _, loop := range spec.Background {
+	for _, loop := range s.spec.Background {
 		g.Go(func() error { return loop(gctx) })
 	}
 	g.Go(func() error {
-		return inbox.NewCleaner(pool, inbox.CleanerConfig{Retention: cfg.InboxRetention}, logger).Run(gctx)
+		return inbox.NewCleaner(s.pool, inbox.CleanerConfig{Retention: s.cfg.InboxRetention}, s.logger).Run(gctx)
 	})
 	g.Go(func() error {
-		return outbox.NewCleaner(pool, outbox.CleanerConfig{Retention: cfg.OutboxRetention}, logger).Run(gctx)
+		return outbox.NewCleaner(s.pool, outbox.CleanerConfig{Retention: s.cfg.OutboxRetention}, s.logger).Run(gctx)
 	})
 	g.Go(func() error {
-		return idempotency.NewCleaner(pool, cfg.IdempotencyRetention, 0, logger).Run(gctx)
+		return idempotency.NewCleaner(s.pool, s.cfg.IdempotencyRetention, 0, s.logger).Run(gctx)
 	})
 	g.Go(func() error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		if err := s.srv.Serve(s.ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http server: %w", err)
 		}
 		return nil
 	})
 	g.Go(func() error {
 		<-gctx.Done()
-		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(gctx), cfg.ShutdownTimeout)
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(gctx), s.cfg.ShutdownTimeout)
 		defer cancel()
-		return srv.Shutdown(shutdownCtx)
+		return s.srv.Shutdown(shutdownCtx)
 	})
-	runErr := g.Wait()
+	return g.Wait()
+}
 
-	stopRelay()
-	err = errors.Join(runErr, <-relayDone)
-	flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+// shutdown stops the service once serve has returned, in the order that
+// loses nothing: the consumers and the HTTP server have stopped writing; the
+// relay stops and flushes what they wrote while stopping; NATS drains, so
+// that the last publishes are acknowledged; the pools close.
+func (s *service) shutdown(ctx context.Context, stopRelay func() error) error {
+	err := stopRelay()
+	flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
 	defer cancel()
-	if n, ferr := relay.Flush(flushCtx); ferr != nil {
+	if n, ferr := s.relay.Flush(flushCtx); ferr != nil {
 		err = errors.Join(err, fmt.Errorf("final outbox flush: %w", ferr))
 	} else if n > 0 {
-		logger.Info("outbox flushed at shutdown", "published", n)
+		s.logger.Info("outbox flushed at shutdown", "published", n)
 	}
-	if derr := nc.Drain(); derr != nil && !errors.Is(derr, nats.ErrConnectionClosed) {
+	if derr := s.nc.Drain(); derr != nil && !errors.Is(derr, nats.ErrConnectionClosed) {
 		err = errors.Join(err, fmt.Errorf("drain nats: %w", derr))
 	}
-	logger.Info("service stopped")
+	s.logger.Info("service stopped")
+	s.close()
 	return err
 }
 
