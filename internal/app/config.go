@@ -70,5 +70,6 @@ func (c Config) Streams() streams.Config {
 		Replicas:        c.StreamReplicas,
 		MaxAge:          c.StreamMaxAge,
 		DuplicateWindow: c.StreamDuplicateWindow,
+		InboxRetention:  c.InboxRetention,
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -19,6 +20,9 @@ const (
 	// DLQ holds messages that could not be processed, on "dlq.<consumer>",
 	// with the reason in a header.
 	DLQ = "DLQ"
+	// DLQActions records what operators did with DLQ entries (replays and
+	// discards, who and when), on "dlqactions.<DLQ sequence>".
+	DLQActions = "DLQ_ACTIONS"
 
 	PaymentOrders     = "payment-orders"     // payment ← OrderPlaced
 	PaymentInventory  = "payment-inventory"  // payment ← StockRejected
@@ -29,7 +33,38 @@ const (
 
 	// DLQSubjectPrefix prefixes the consumer name on dead-letter subjects.
 	DLQSubjectPrefix = "dlq."
+	// DLQActionsSubjectPrefix prefixes the DLQ sequence of the entry an
+	// action is about.
+	DLQActionsSubjectPrefix = "dlqactions."
 )
+
+// replayToken separates a replay subject's original subject from the
+// durable it is replayed to.
+const replayToken = ".replay."
+
+// ReplaySubject is the subject on which a message first published on
+// subject is replayed to durable alone, from the DLQ: the original subject
+// with ".replay.<durable>" appended, so that it stays in the original
+// stream. Every durable filters the replay subjects of its own filters (see
+// Consumer.Filters) and no other durable's, as long as no filter ends in
+// ">". A subject that is already a replay subject is replayed on the
+// replay subject of its original.
+func ReplaySubject(subject, durable string) string {
+	if original, _, ok := ReplayOf(subject); ok {
+		subject = original
+	}
+	return subject + replayToken + durable
+}
+
+// ReplayOf splits a replay subject into the original subject and the durable
+// it is replayed to; ok is false for a subject that is not a replay subject.
+func ReplayOf(subject string) (original, durable string, ok bool) {
+	original, durable, ok = strings.Cut(subject, replayToken)
+	if !ok || original == "" || durable == "" || strings.Contains(durable, ".") {
+		return "", "", false
+	}
+	return original, durable, true
+}
 
 const (
 	defaultMaxDeliver  = 10
@@ -37,6 +72,7 @@ const (
 	defaultDupWindow   = 2 * time.Minute
 	defaultMaxAge      = 72 * time.Hour
 	defaultDLQMaxAge   = 30 * 24 * time.Hour
+	defaultActionsAge  = 365 * 24 * time.Hour
 	defaultMaxAckPend  = 1000
 	defaultReplicas    = 1
 	defaultStorageType = jetstream.FileStorage
@@ -49,7 +85,18 @@ type Config struct {
 	DuplicateWindow time.Duration         // default 2m; the outbox keeps sent rows at least this long
 	MaxAge          time.Duration         // default 72h; the inbox retention must exceed it
 	DLQMaxAge       time.Duration         // default 30 days
+	// DLQActionsMaxAge is how long the record of replays and discards is
+	// kept; default a year.
+	DLQActionsMaxAge time.Duration
+	// InboxRetention, when set, is recorded in the metadata of every
+	// durable provisioned (MetadataInboxRetention), so that a replay from
+	// the DLQ can tell whether the consumer's inbox still remembers an event.
+	InboxRetention time.Duration
 }
+
+// MetadataInboxRetention is the consumer metadata key that holds the inbox
+// retention of the service consuming it, as a Go duration.
+const MetadataInboxRetention = "onceflow.inbox.retention"
 
 // Stream is one stream of the topology.
 type Stream struct {
@@ -60,8 +107,10 @@ type Stream struct {
 
 // Consumer is one durable pull consumer: one per (service, subscription).
 type Consumer struct {
-	Stream         string
-	Durable        string
+	Stream  string
+	Durable string
+	// FilterSubjects are the subjects of the events it consumes (all of
+	// the stream's when empty). Provisioning adds their replay subjects.
 	FilterSubjects []string
 	// AckWait must be longer than a handler (or a batch) needs; BackOff, when
 	// set, replaces it per delivery. MaxDeliver bounds redeliveries, after
@@ -70,6 +119,19 @@ type Consumer struct {
 	BackOff       []time.Duration
 	MaxDeliver    int
 	MaxAckPending int
+}
+
+// Filters are the subjects c's durable filters: its FilterSubjects and the
+// replay subject of each (none for a filter ending in ">", which matches its
+// replays already, and every other durable's).
+func (c Consumer) Filters() []string {
+	filters := slices.Clone(c.FilterSubjects)
+	for _, f := range c.FilterSubjects {
+		if !strings.HasSuffix(f, ">") {
+			filters = append(filters, ReplaySubject(f, c.Durable))
+		}
+	}
+	return filters
 }
 
 // Topology is a complete description of streams and consumers.
@@ -92,15 +154,17 @@ func Saga(cfg Config) Topology {
 			{Stream: Orders, Durable: PaymentOrders, FilterSubjects: []string{"orders.placed.v1"}},
 			{Stream: Inventory, Durable: PaymentInventory, FilterSubjects: []string{"inventory.rejected.v1"}},
 			{Stream: Payments, Durable: InventoryPayments, FilterSubjects: []string{"payments.debited.v1"}},
-			{Stream: Payments, Durable: OrderPayments, FilterSubjects: []string{"payments.>"}},
-			{Stream: Inventory, Durable: OrderInventory, FilterSubjects: []string{"inventory.>"}},
-			{Stream: Orders, Durable: NotifyOrders, FilterSubjects: []string{"orders.>"}},
+			// Every subject named, not "payments.>": a wildcard would also
+			// match the other durables' replay subjects.
+			{Stream: Payments, Durable: OrderPayments, FilterSubjects: []string{"payments.debited.v1", "payments.rejected.v1", "payments.refunded.v1"}},
+			{Stream: Inventory, Durable: OrderInventory, FilterSubjects: []string{"inventory.reserved.v1", "inventory.rejected.v1"}},
+			{Stream: Orders, Durable: NotifyOrders, FilterSubjects: []string{"orders.placed.v1", "orders.confirmed.v1", "orders.rejected.v1", "orders.cancelled.v1"}},
 		},
 	}
 }
 
-// Provision creates or updates every stream of t, the DLQ stream and every
-// consumer. It is idempotent: running it again with the same topology
+// Provision creates or updates every stream of t, the DLQ and DLQ actions
+// streams and every consumer. It is idempotent: running it again with the same topology
 // changes nothing.
 func Provision(ctx context.Context, js jetstream.JetStream, t Topology) error {
 	cfg := t.Config
@@ -108,6 +172,10 @@ func Provision(ctx context.Context, js jetstream.JetStream, t Topology) error {
 		Name:     DLQ,
 		Subjects: []string{DLQSubjectPrefix + ">"},
 		MaxAge:   cmp.Or(cfg.DLQMaxAge, defaultDLQMaxAge),
+	}, {
+		Name:     DLQActions,
+		Subjects: []string{DLQActionsSubjectPrefix + ">"},
+		MaxAge:   cmp.Or(cfg.DLQActionsMaxAge, defaultActionsAge),
 	}}, t.Streams...)
 	for _, s := range streams {
 		if err := provisionStream(ctx, js, jetstream.StreamConfig{
@@ -138,10 +206,13 @@ func Provision(ctx context.Context, js jetstream.JetStream, t Topology) error {
 			MaxAckPending: cmp.Or(c.MaxAckPending, defaultMaxAckPend),
 			Replicas:      cmp.Or(cfg.Replicas, defaultReplicas),
 		}
-		if len(c.FilterSubjects) == 1 {
-			cc.FilterSubject = c.FilterSubjects[0]
+		if cfg.InboxRetention > 0 {
+			cc.Metadata = map[string]string{MetadataInboxRetention: cfg.InboxRetention.String()}
+		}
+		if filters := c.Filters(); len(filters) == 1 {
+			cc.FilterSubject = filters[0]
 		} else {
-			cc.FilterSubjects = c.FilterSubjects
+			cc.FilterSubjects = filters
 		}
 		if _, err := js.CreateOrUpdateConsumer(ctx, c.Stream, cc); err != nil {
 			return fmt.Errorf("provision consumer %s on %s: %w", c.Durable, c.Stream, err)

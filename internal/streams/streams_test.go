@@ -65,3 +65,50 @@ func TestProvisionUpdatesAChangedTopology(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 10*time.Minute, s.CachedInfo().Config.Duplicates)
 }
+
+func TestReplaySubjects(t *testing.T) {
+	t.Parallel()
+	subject := streams.ReplaySubject("payments.debited.v1", streams.InventoryPayments)
+	require.Equal(t, "payments.debited.v1.replay.inventory-payments", subject)
+	original, durable, ok := streams.ReplayOf(subject)
+	require.True(t, ok)
+	require.Equal(t, "payments.debited.v1", original)
+	require.Equal(t, streams.InventoryPayments, durable)
+	require.Equal(t, subject, streams.ReplaySubject(subject, streams.InventoryPayments), "a replay of a replay goes where the first went")
+	for _, s := range []string{"payments.debited.v1", "payments.replay", ".replay.x", "a.replay.", "a.replay.b.c"} {
+		_, _, ok := streams.ReplayOf(s)
+		require.False(t, ok, s)
+	}
+}
+
+// A replay reaches the durable it names and no other subscriber of the
+// stream, and each durable records its service's inbox retention.
+func TestReplayReachesOneDurable(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	js := testenv.NewNATS(t).JetStream(t)
+	topology := streams.Saga(streams.Config{Storage: jetstream.MemoryStorage, InboxRetention: 48 * time.Hour})
+	require.NoError(t, streams.Provision(ctx, js, topology))
+
+	// PaymentDebited goes to inventory and order; its replay to inventory only.
+	_, err := js.Publish(ctx, "payments.debited.v1", []byte("{}"))
+	require.NoError(t, err)
+	_, err = js.Publish(ctx, streams.ReplaySubject("payments.debited.v1", streams.InventoryPayments), []byte("{}"))
+	require.NoError(t, err)
+	pending := func(durable string) uint64 {
+		cons, err := js.Consumer(ctx, streams.Payments, durable)
+		require.NoError(t, err)
+		info, err := cons.Info(ctx)
+		require.NoError(t, err)
+		require.Equal(t, "48h0m0s", info.Config.Metadata[streams.MetadataInboxRetention], durable)
+		return info.NumPending
+	}
+	require.Equal(t, uint64(2), pending(streams.InventoryPayments))
+	require.Equal(t, uint64(1), pending(streams.OrderPayments))
+
+	for _, c := range topology.Consumers {
+		for _, f := range c.FilterSubjects {
+			require.NotContains(t, f, ">", "%s: a wildcard filter would match other durables' replays", c.Durable)
+		}
+	}
+}
