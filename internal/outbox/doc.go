@@ -59,6 +59,11 @@
 // only after that commit (see Enqueue), so any claim that sees the next event
 // sees the late row too, and publishes it first.
 //
+// The relay's code, by concern: relay.go holds the relay lock and the run
+// loop; pipeline.go claims, settles and marks the batches; sleep.go (with
+// listener.go) sleeps and wakes; publish.go publishes a batch one message at
+// a time or as atomic batches. Example shows the smallest producer.
+//
 // Guarantees:
 //
 //   - At-least-once publication: a row is marked sent only after JetStream
