@@ -97,6 +97,22 @@ func (s *Service) Publish(t testing.TB, ev event.Envelope) {
 	s.publish(t, ev, ev.ID.String())
 }
 
+// PublishAtOnce publishes evs as Publish does, without waiting for each
+// ack, so that a batched consumer may take them in one batch.
+func (s *Service) PublishAtOnce(t testing.TB, evs ...event.Envelope) {
+	t.Helper()
+	for _, ev := range evs {
+		msg, err := ev.Msg()
+		require.NoError(t, err)
+		_, err = s.JS.PublishMsgAsync(msg)
+		require.NoError(t, err)
+	}
+	select {
+	case <-s.JS.PublishAsyncComplete():
+	case <-t.Context().Done():
+	}
+}
+
 // PublishDuplicate publishes ev again under a fresh Nats-Msg-Id, so the
 // broker's duplicate window does not drop it and only the inbox can.
 func (s *Service) PublishDuplicate(t testing.TB, ev event.Envelope) {

@@ -20,18 +20,37 @@ import (
 // handler instead of a subscription's set-based batch handler.
 func PerEvent(cfg *app.Config) { cfg.ConsumerSetBased = false }
 
+// Unbatched configures a service to run every message in a transaction of
+// its own.
+func Unbatched(cfg *app.Config) { cfg.ConsumerBatched = false }
+
+// mode is a consumer mode a test runs in.
+type mode struct {
+	name      string
+	configure func(*app.Config)
+}
+
 // EachMode runs f as two parallel subtests of name: with the set-based batch
 // handlers (the default), and per event, the reference the batch handlers
 // must equal.
 func EachMode(t *testing.T, name string, f func(t *testing.T, mode func(*app.Config))) {
 	t.Helper()
-	for _, m := range []struct {
-		name      string
-		configure func(*app.Config)
-	}{
-		{"set-based", func(*app.Config) {}},
-		{"per-event", PerEvent},
-	} {
+	eachOf(t, name, []mode{{"set-based", func(*app.Config) {}}, {"per-event", PerEvent}}, f)
+}
+
+// EachConsumerMode runs f as three parallel subtests of name, one per way
+// the inbox can process a message: batched with the set-based batch handlers
+// (the default), batched per event, and unbatched, a transaction per
+// message. It is for what the inbox cannot decide for the handlers: a
+// business rule that must hold however the events are grouped.
+func EachConsumerMode(t *testing.T, name string, f func(t *testing.T, mode func(*app.Config))) {
+	t.Helper()
+	eachOf(t, name, []mode{{"set-based", func(*app.Config) {}}, {"per-event", PerEvent}, {"unbatched", Unbatched}}, f)
+}
+
+func eachOf(t *testing.T, name string, modes []mode, f func(t *testing.T, mode func(*app.Config))) {
+	t.Helper()
+	for _, m := range modes {
 		t.Run(strings.TrimPrefix(name+"/"+m.name, "/"), func(t *testing.T) {
 			t.Parallel()
 			f(t, m.configure)

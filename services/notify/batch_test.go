@@ -142,16 +142,7 @@ func TestMilestonesInOneBatchPerMode(t *testing.T) {
 		}
 		poison := invalidPlaced(t)
 		evs = slices.Insert(evs, 5, poison)
-		for _, ev := range evs {
-			msg, err := ev.Msg()
-			require.NoError(t, err)
-			_, err = svc.JS.PublishMsgAsync(msg)
-			require.NoError(t, err)
-		}
-		select {
-		case <-svc.JS.PublishAsyncComplete():
-		case <-t.Context().Done():
-		}
+		svc.PublishAtOnce(t, evs...)
 
 		require.Equal(t, poison.ID, dlq.Wait(t, 1)[0].ID)
 		requireProcessed(t, svc, uint64(len(evs)))

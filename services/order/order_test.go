@@ -409,3 +409,54 @@ func TestHandlersRefuseOtherTypes(t *testing.T) {
 		require.True(t, errors.Is(err, inbox.ErrPermanent), "%s: got %v", name, err)
 	}
 }
+
+// TestSecondOutcomeForAnOrderEmitsOneTerminalEvent delivers, for each way an
+// order ends, a second event of the kind that ends it under another event
+// id, which the inbox cannot tell apart: the order's status, not the inbox,
+// makes its terminal event once. The events go at once, so that batched
+// consumers may take them together.
+func TestSecondOutcomeForAnOrderEmitsOneTerminalEvent(t *testing.T) {
+	t.Parallel()
+	apptest.EachConsumerMode(t, "", func(t *testing.T, mode func(*app.Config)) {
+		svc := start(t, mode)
+		s := seedOrders(t, 4, svc.DB.Pool)
+		confirmed, rejected, refusedTwice, refundedTwice := s[0], s[1], s[2], s[3]
+		reserved, paymentRejected, refund := confirmed.reserved(), rejected.paymentRejected("insufficient funds"), refundedTwice.refunded()
+		payments := []event.Envelope{
+			confirmed.debited(),
+			paymentRejected, reemitted(paymentRejected),
+			refusedTwice.debited(), refusedTwice.refunded(),
+			refundedTwice.debited(), refund, reemitted(refund),
+		}
+		inventory := []event.Envelope{
+			reserved, reemitted(reserved),
+			refusedTwice.stockRejected("no pears"), refusedTwice.stockRejected("no apples"),
+			refundedTwice.stockRejected("no pears"),
+		}
+		publishAtOnce(t, svc, payments, nil)
+		publishAtOnce(t, svc, inventory, nil)
+		awaitConsumed(t, svc, streams.OrderPayments, len(payments))
+		awaitConsumed(t, svc, streams.OrderInventory, len(inventory))
+
+		for _, tt := range []struct {
+			s    saga
+			want string
+			typ  event.Type
+		}{
+			{confirmed, order.StatusConfirmed, event.OrderConfirmed},
+			{rejected, order.StatusRejected, event.OrderRejected},
+			{refusedTwice, order.StatusCancelled, event.OrderCancelled},
+			{refundedTwice, order.StatusCancelled, event.OrderCancelled},
+		} {
+			require.Equal(t, tt.want, get(t, svc, tt.s.o.ID).Status, "order %s", tt.s.o.ID)
+			for _, typ := range []event.Type{event.OrderConfirmed, event.OrderRejected, event.OrderCancelled} {
+				want := 0
+				if typ == tt.typ {
+					want = 1
+				}
+				require.Equal(t, want, outboxed(t, svc, tt.s.o.ID, typ), "%s events of order %s", typ, tt.s.o.ID)
+			}
+		}
+		require.Zero(t, svc.InboxCount(t, streams.OrderPayments, "dead_lettered")+svc.InboxCount(t, streams.OrderInventory, "dead_lettered"))
+	})
+}

@@ -2,6 +2,7 @@ package payment_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -170,4 +171,95 @@ func requireProcessed(t *testing.T, svc *apptest.Service, durable string, n int6
 		require.NoError(t, err)
 		return info.AckFloor.Stream >= uint64(n) && info.NumAckPending == 0
 	}, 20*time.Second, 20*time.Millisecond)
+}
+
+// paymentOf returns the status of the payment of the order of placed and
+// how many payments that order has.
+func paymentOf(t *testing.T, svc *apptest.Service, placed event.Envelope) (status string, payments int) {
+	t.Helper()
+	var p event.OrderPlacedV1
+	require.NoError(t, placed.Decode(&p))
+	require.NoError(t, svc.DB.Pool.QueryRow(t.Context(),
+		`SELECT coalesce(min(status), ''), count(*) FROM payments WHERE order_id = $1`, p.OrderID).Scan(&status, &payments))
+	return status, payments
+}
+
+// deliverTwo publishes two events for one order, at once (a batched
+// consumer may take them in one batch) or the second once durable has
+// processed the first, and requires both to be processed, neither retried
+// nor dead-lettered: a second event for an order is no error.
+func deliverTwo(t *testing.T, svc *apptest.Service, durable string, together bool, first, second event.Envelope) {
+	t.Helper()
+	require.NotEqual(t, first.ID, second.ID)
+	if together {
+		svc.PublishAtOnce(t, first, second)
+	} else {
+		svc.Publish(t, first)
+		requireProcessed(t, svc, durable, 1)
+		svc.Publish(t, second)
+	}
+	requireProcessed(t, svc, durable, 2)
+	require.Equal(t, 2, svc.InboxCount(t, durable, "processed"), "processed")
+	require.Zero(t, svc.InboxCount(t, durable, "retried"), "retried")
+	require.Zero(t, svc.InboxCount(t, durable, "dead_lettered"), "dead-lettered")
+}
+
+// TestSecondOrderPlacedForAnOrderPaysOnce delivers two OrderPlaced events
+// for one order under different event ids, which the inbox cannot tell
+// apart: the order is paid once, by its payment row, whether the second
+// comes later or in the first's batch.
+func TestSecondOrderPlacedForAnOrderPaysOnce(t *testing.T) {
+	t.Parallel()
+	for _, together := range []bool{false, true} {
+		apptest.EachConsumerMode(t, fmt.Sprint("together=", together), func(t *testing.T, mode func(*app.Config)) {
+			svc := start(t, mode)
+			credit(t, svc, "frank", 1000)
+			outcomes := svc.Watch(t, streams.Payments, "payments.>")
+			first := orderPlaced(t, "frank", 300)
+			second := first
+			second.ID = uuid.Must(uuid.NewV7())
+			deliverTwo(t, svc, streams.PaymentOrders, together, first, second)
+			require.Equal(t, int64(700), balance(t, svc, "frank"), "debited once")
+			status, payments := paymentOf(t, svc, first)
+			require.Equal(t, payment.StatusDebited, status)
+			require.Equal(t, 1, payments)
+			require.Equal(t, event.PaymentDebited, outcomes.Wait(t, 1)[0].Type)
+			require.Equal(t, 1, emitted(t, svc), "one outcome for the order")
+		})
+	}
+}
+
+// TestSecondStockRejectedForAnOrderRefundsOnce delivers two StockRejected
+// events for one order under different event ids, which the inbox cannot
+// tell apart: one refund, the balance back exactly once, the payment
+// REFUNDED, whether the second comes later or in the first's batch.
+func TestSecondStockRejectedForAnOrderRefundsOnce(t *testing.T) {
+	t.Parallel()
+	for _, together := range []bool{false, true} {
+		apptest.EachConsumerMode(t, fmt.Sprint("together=", together), func(t *testing.T, mode func(*app.Config)) {
+			svc := start(t, mode)
+			credit(t, svc, "grace", 1000)
+			refunds := svc.Watch(t, streams.Payments, "payments.refunded.v1")
+			placed := orderPlaced(t, "grace", 250)
+			svc.Publish(t, placed)
+			requireProcessed(t, svc, streams.PaymentOrders, 1)
+			require.Equal(t, int64(750), balance(t, svc, "grace"))
+
+			deliverTwo(t, svc, streams.PaymentInventory, together, stockRejected(t, placed), stockRejected(t, placed))
+			require.Equal(t, int64(1000), balance(t, svc, "grace"), "refunded exactly once")
+			status, _ := paymentOf(t, svc, placed)
+			require.Equal(t, payment.StatusRefunded, status)
+			refunds.Wait(t, 1)
+			require.Equal(t, 2, emitted(t, svc), "the debit and one refund")
+		})
+	}
+}
+
+// emitted counts the service's outbox rows: every event it has emitted,
+// published or not.
+func emitted(t *testing.T, svc *apptest.Service) int {
+	t.Helper()
+	var n int
+	require.NoError(t, svc.DB.Pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox`).Scan(&n))
+	return n
 }
