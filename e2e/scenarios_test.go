@@ -177,30 +177,43 @@ func TestDatabaseRestart(t *testing.T) {
 }
 
 // TestSlowHandler makes the payment handlers slower than the ack wait: the
-// payment consumers' AckWait is cut to one second while payment's database
-// connections get 600ms of latency, so a batch (two round trips) takes over
-// a second and its messages are redelivered to other workers, under load.
-// Every connection is slowed: with half of them slowed, a run could see no
-// redelivery at all (the pool can keep handing out the fast ones). Whether
-// a redelivery's claim meets its first attempt still uncommitted is up to
-// timing here (most first attempts commit before their redelivery's claim
-// arrives); inbox.TestARedeliveryWaitsForTheAttemptStillRunning makes them
-// meet every time.
+// consumers' AckWait is cut to one second (CONSUMER_ACK_WAIT, given to
+// every service alike, since each provisions the whole topology) while
+// payment's database connections get 600ms of latency, so a batch (two
+// round trips) takes over a second and its messages are redelivered to
+// other workers, under load. Every connection is slowed: with half of them
+// slowed, a run could see no redelivery at all (the pool can keep handing
+// out the fast ones). Whether a redelivery's claim meets its first attempt
+// still uncommitted is up to timing here (most first attempts commit before
+// their redelivery's claim arrives);
+// inbox.TestARedeliveryWaitsForTheAttemptStillRunning makes them meet every
+// time.
 func TestSlowHandler(t *testing.T) {
 	t.Parallel()
 	sys := newSystem(t)
 	px := newToxics()
 	pg := px.proxy(t, "payment-pg", sys.pg.addr())
+	env := map[string][]string{}
+	for _, kind := range kinds {
+		env[kind] = []string{"CONSUMER_ACK_WAIT=1s"}
+	}
+	env["payment"] = append(env["payment"], "CONSUMER_WORKERS=4")
 	d := startDriver(t, sys, deployment{
 		databaseAddr: map[string]string{"payment": pg.addr()},
-		env:          map[string][]string{"payment": {"CONSUMER_WORKERS=4"}},
+		env:          env,
 	}, scaled(300))
 	for _, durable := range []string{streams.PaymentOrders, streams.PaymentInventory} {
-		sys.setAckWait(durable, time.Second)
+		info, err := sys.consumerInfo(t.Context(), streamOfDurable(durable), durable)
+		if err != nil {
+			t.Fatalf("e2e: %v", err)
+		}
+		if info.Config.AckWait != time.Second {
+			t.Fatalf("e2e: %s's AckWait is %s: CONSUMER_ACK_WAIT=1s did not reach it", durable, info.Config.AckWait)
+		}
 	}
 	err := d.run(t.Context(), func(ctx context.Context) error {
 		sys.faults.add("latency_600ms_on_payment_pg_links", 1)
-		sys.faults.add("ack_wait_1s", 2)
+		sys.faults.add("ack_wait_1s", int64(len(streams.Saga(streams.Config{}).Consumers)))
 		return pg.apply(ctx, toxic{kind: "latency", stream: "downstream", toxicity: 1, attributes: `{"latency":600,"jitter":50}`}, 8*time.Second)
 	})
 	if err != nil {
@@ -214,26 +227,14 @@ func TestSlowHandler(t *testing.T) {
 	}
 }
 
-// setAckWait changes a durable's AckWait, as an operator would.
-func (sys *system) setAckWait(durable string, d time.Duration) {
-	t := sys.t
-	t.Helper()
+// streamOfDurable is the stream a durable of the saga reads.
+func streamOfDurable(durable string) string {
 	for _, c := range streams.Saga(streams.Config{}).Consumers {
-		if c.Durable != durable {
-			continue
+		if c.Durable == durable {
+			return c.Stream
 		}
-		info, err := sys.consumerInfo(t.Context(), c.Stream, durable)
-		if err != nil {
-			t.Fatalf("e2e: %v", err)
-		}
-		cfg := info.Config
-		cfg.AckWait = d
-		if _, err := sys.js.UpdateConsumer(t.Context(), c.Stream, cfg); err != nil {
-			t.Fatalf("e2e: set AckWait of %s: %v", durable, err)
-		}
-		return
 	}
-	t.Fatalf("e2e: no durable %s", durable)
+	return ""
 }
 
 // TestPoison publishes malformed, unknown-type, invalid, ancient and orphaned

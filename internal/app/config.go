@@ -15,9 +15,12 @@ type Config struct {
 	DatabaseURL string `env:"DATABASE_URL,required"`
 	// DatabaseMaxConns bounds the service's connections to its database,
 	// unless DATABASE_URL sets pool_max_conns.
-	DatabaseMaxConns int32  `env:"DATABASE_MAX_CONNS" envDefault:"16"`
-	NATSURL          string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
-	HTTPAddr         string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8080"`
+	DatabaseMaxConns int32 `env:"DATABASE_MAX_CONNS" envDefault:"16"`
+	// NATSURL is one server's URL or a comma-separated list of a
+	// cluster's; the client connects to one of them and fails over to the
+	// others.
+	NATSURL  string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
+	HTTPAddr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8080"`
 
 	// Inbox consumers: the most messages in a batch, one transaction per
 	// batch (or per message), batches processed at once per subscription.
@@ -25,6 +28,16 @@ type Config struct {
 	ConsumerBatched   bool          `env:"CONSUMER_BATCHED" envDefault:"true"`
 	ConsumerWorkers   int           `env:"CONSUMER_WORKERS" envDefault:"1"`
 	InboxRetention    time.Duration `env:"INBOX_RETENTION" envDefault:"168h"`
+
+	// The durables' redelivery settings, applied when the streams are
+	// provisioned (see streams.Config): the ack wait, the most deliveries
+	// before the DLQ, and the per-delivery back-off (a comma-separated list
+	// of durations, e.g. 1s,5s,30s; empty: AckWait for every delivery). Set
+	// them alike for every service of a deployment: each provisions the
+	// whole topology.
+	ConsumerAckWait    time.Duration   `env:"CONSUMER_ACK_WAIT" envDefault:"30s"`
+	ConsumerMaxDeliver int             `env:"CONSUMER_MAX_DELIVER" envDefault:"10"`
+	ConsumerBackOff    []time.Duration `env:"CONSUMER_BACKOFF"`
 
 	// ConsumerSetBased lets batched consumers use their subscription's
 	// set-based batch handler, where it has one; off, every event of a batch
@@ -71,5 +84,8 @@ func (c Config) Streams() streams.Config {
 		MaxAge:          c.StreamMaxAge,
 		DuplicateWindow: c.StreamDuplicateWindow,
 		InboxRetention:  c.InboxRetention,
+		AckWait:         c.ConsumerAckWait,
+		MaxDeliver:      c.ConsumerMaxDeliver,
+		BackOff:         c.ConsumerBackOff,
 	}
 }

@@ -92,6 +92,18 @@ type Config struct {
 	// durable provisioned (MetadataInboxRetention), so that a replay from
 	// the DLQ can tell whether the consumer's inbox still remembers an event.
 	InboxRetention time.Duration
+
+	// The redelivery settings of every consumer that does not set its own:
+	// AckWait (default 30s) must be longer than a handler or a batch needs,
+	// on the slowest day, or its messages are redelivered while it runs
+	// (harmless, the inbox drops them, but wasted work); MaxDeliver
+	// (default 10) bounds the deliveries before the inbox dead-letters a
+	// message; BackOff, when set, is the ack wait of each delivery in turn
+	// (the server takes its first as the AckWait, and wants MaxDeliver
+	// above its length).
+	AckWait    time.Duration
+	MaxDeliver int
+	BackOff    []time.Duration
 }
 
 // MetadataInboxRetention is the consumer metadata key that holds the inbox
@@ -200,11 +212,14 @@ func Provision(ctx context.Context, js jetstream.JetStream, t Topology) error {
 			Durable:       c.Durable,
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			DeliverPolicy: jetstream.DeliverAllPolicy,
-			AckWait:       cmp.Or(c.AckWait, defaultAckWait),
+			AckWait:       cmp.Or(c.AckWait, cfg.AckWait, defaultAckWait),
 			BackOff:       c.BackOff,
-			MaxDeliver:    cmp.Or(c.MaxDeliver, defaultMaxDeliver),
+			MaxDeliver:    cmp.Or(c.MaxDeliver, cfg.MaxDeliver, defaultMaxDeliver),
 			MaxAckPending: cmp.Or(c.MaxAckPending, defaultMaxAckPend),
 			Replicas:      cmp.Or(cfg.Replicas, defaultReplicas),
+		}
+		if len(cc.BackOff) == 0 {
+			cc.BackOff = cfg.BackOff
 		}
 		if cfg.InboxRetention > 0 {
 			cc.Metadata = map[string]string{MetadataInboxRetention: cfg.InboxRetention.String()}

@@ -112,3 +112,39 @@ func TestReplayReachesOneDurable(t *testing.T) {
 		}
 	}
 }
+
+// The operator's redelivery settings reach every durable, and a restart
+// with other settings updates the durables in place.
+func TestProvisionAppliesTheConsumerSettings(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	js := testenv.NewNATS(t).JetStream(t)
+	require.NoError(t, streams.Provision(ctx, js, streams.Saga(streams.Config{})))
+	backOff := []time.Duration{2 * time.Second, 5 * time.Second, 20 * time.Second}
+	topology := streams.Saga(streams.Config{AckWait: 45 * time.Second, MaxDeliver: 7})
+	require.NoError(t, streams.Provision(ctx, js, topology))
+	for _, c := range topology.Consumers {
+		cons, err := js.Consumer(ctx, c.Stream, c.Durable)
+		require.NoError(t, err, c.Durable)
+		cfg := cons.CachedInfo().Config
+		require.Equal(t, 45*time.Second, cfg.AckWait, c.Durable)
+		require.Equal(t, 7, cfg.MaxDeliver, c.Durable)
+		require.Empty(t, cfg.BackOff, c.Durable)
+	}
+
+	require.NoError(t, streams.Provision(ctx, js, streams.Saga(streams.Config{MaxDeliver: 7, BackOff: backOff})))
+	cons, err := js.Consumer(ctx, streams.Orders, streams.PaymentOrders)
+	require.NoError(t, err)
+	cfg := cons.CachedInfo().Config
+	require.Equal(t, backOff, cfg.BackOff)
+	require.Equal(t, backOff[0], cfg.AckWait, "the server waits the first back-off for the first ack")
+
+	own := streams.Topology{
+		Config:    streams.Config{AckWait: 45 * time.Second},
+		Consumers: []streams.Consumer{{Stream: streams.Orders, Durable: "own", FilterSubjects: []string{"orders.placed.v1"}, AckWait: 3 * time.Second}},
+	}
+	require.NoError(t, streams.Provision(ctx, js, own))
+	cons, err = js.Consumer(ctx, streams.Orders, "own")
+	require.NoError(t, err)
+	require.Equal(t, 3*time.Second, cons.CachedInfo().Config.AckWait, "a consumer's own setting wins")
+}
