@@ -72,3 +72,43 @@ func TestMissingBinaries(t *testing.T) {
 	_, err := localpg.Start(t.Context(), localpg.Config{BinDir: t.TempDir()}, nil)
 	require.True(t, errors.Is(err, localpg.ErrNotInstalled), "got %v", err)
 }
+
+// A crash of the postmaster is recovered from the WAL: what was committed
+// survives, what was not is gone, and every connection broke.
+func TestCrashRecovers(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	logger := slog.New(slog.NewTextHandler(t.Output(), nil))
+
+	cluster, err := localpg.Start(ctx, localpg.Config{Durable: true}, logger)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, cluster.Stop(context.Background())) })
+
+	conn, err := pgx.Connect(ctx, cluster.URL("postgres"))
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "CREATE TABLE survives (n int); INSERT INTO survives VALUES (42)")
+	require.NoError(t, err)
+	open, err := pgx.Connect(ctx, cluster.URL("postgres"))
+	require.NoError(t, err)
+	tx, err := open.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "INSERT INTO survives VALUES (7)")
+	require.NoError(t, err)
+
+	require.NoError(t, cluster.Crash(ctx), "crash recovery shows in the server log")
+
+	require.Error(t, conn.Ping(ctx))
+	require.Error(t, tx.Commit(ctx), "a transaction open at the crash cannot commit")
+	_ = conn.Close(ctx)
+	_ = open.Close(ctx)
+	conn, err = pgx.Connect(ctx, cluster.URL("postgres"))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var ns []int
+	rows, err := conn.Query(ctx, "SELECT n FROM survives ORDER BY n")
+	require.NoError(t, err)
+	ns, err = pgx.CollectRows(rows, pgx.RowTo[int])
+	require.NoError(t, err)
+	require.Equal(t, []int{42}, ns)
+	require.NoError(t, cluster.Crash(ctx), "a second crash, on a recovered server")
+}
