@@ -44,8 +44,8 @@ func abuses() []abuse {
 	credit := func(name, body string) abuse {
 		return abuse{name: name, kind: "payment", method: http.MethodPost, path: "/wallets/rich-00/credits", key: "abuse-" + uuid.NewString(), body: body, want: http.StatusBadRequest}
 	}
-	stock := func(name, body string) abuse {
-		return abuse{name: name, kind: "inventory", method: http.MethodPut, path: "/stock/sku-00", body: body, want: http.StatusBadRequest}
+	receipt := func(name, body string) abuse {
+		return abuse{name: name, kind: "inventory", method: http.MethodPost, path: "/stock/sku-00/receipts", key: "abuse-" + uuid.NewString(), body: body, want: http.StatusBadRequest}
 	}
 	get := func(name, kind, path string, want int) abuse {
 		return abuse{name: name, kind: kind, method: http.MethodGet, path: path, want: want}
@@ -98,12 +98,18 @@ func abuses() []abuse {
 		{name: "credit without Idempotency-Key", kind: "payment", method: http.MethodPost, path: "/wallets/rich-00/credits", body: `{"amount_cents":1}`, want: http.StatusBadRequest},
 		{name: "credit to a customer of 129 bytes", kind: "payment", method: http.MethodPost, path: "/wallets/" + strings.Repeat("c", 129) + "/credits", key: "abuse-long", body: `{"amount_cents":1}`, want: http.StatusBadRequest},
 		get("wallet of a customer with a space", "payment", "/wallets/rich%2000", http.StatusBadRequest),
-		stock("negative stock", `{"available":-1}`),
-		stock("null stock", `{"available":null}`),
-		stock("missing stock", `{}`),
-		stock("stock over the limit", `{"available":1000000001}`),
-		stock("stock as a string", `{"available":"abc"}`),
-		{name: "stock not JSON", kind: "inventory", method: http.MethodPut, path: "/stock/sku-00", ctype: "text/plain", body: `{"available":1}`, want: http.StatusUnsupportedMediaType},
+		receipt("negative receipt", `{"quantity":-1}`),
+		receipt("zero receipt", `{"quantity":0}`),
+		receipt("null receipt", `{"quantity":null}`),
+		receipt("missing quantity", `{}`),
+		receipt("receipt over the limit", `{"quantity":1000000001}`),
+		receipt("receipt as a string", `{"quantity":"abc"}`),
+		{name: "receipt without Idempotency-Key", kind: "inventory", method: http.MethodPost, path: "/stock/sku-00/receipts", body: `{"quantity":1}`, want: http.StatusBadRequest},
+		{name: "receipt not JSON", kind: "inventory", method: http.MethodPost, path: "/stock/sku-00/receipts", key: "abuse-" + uuid.NewString(), ctype: "text/plain", body: `{"quantity":1}`, want: http.StatusUnsupportedMediaType},
+		{name: "adjustment without a reason", kind: "inventory", method: http.MethodPost, path: "/stock/sku-00/adjustments", key: "abuse-" + uuid.NewString(), body: `{"delta":-1}`, want: http.StatusBadRequest},
+		{name: "adjustment below zero", kind: "inventory", method: http.MethodPost, path: "/stock/sku-00/adjustments", key: "abuse-" + uuid.NewString(), body: `{"delta":-1000000000,"reason":"theft"}`, want: http.StatusConflict},
+		{name: "count without If-Match", kind: "inventory", method: http.MethodPut, path: "/stock/sku-00", body: `{"available":0}`, want: http.StatusPreconditionRequired},
+		{name: "count of a stale version", kind: "inventory", method: http.MethodPut, path: "/stock/sku-00", header: http.Header{"If-Match": {`"0"`}}, body: `{"available":0}`, want: http.StatusPreconditionFailed},
 	}
 	return cases
 }
@@ -119,6 +125,8 @@ func (sys *system) writes(ctx context.Context) (string, error) {
 		{"payment", `SELECT count(*) FROM idempotency_keys`},
 		{"inventory", `SELECT coalesce(sum(available), 0)::bigint FROM stock`},
 		{"inventory", `SELECT count(*) FROM stock`},
+		{"inventory", `SELECT count(*) FROM stock_movements`},
+		{"inventory", `SELECT count(*) FROM idempotency_keys`},
 	}
 	var parts []string
 	for _, q := range queries {

@@ -163,7 +163,8 @@ func (sys *system) figures(ctx context.Context, d *driver, report audit.Report, 
 //     status implies;
 //   - each credit the API accepted applied once: credits recorded = credits
 //     sent, and balance + debited (not refunded) = credits, per customer;
-//   - stock as set: available + reserved = the level the client set, per SKU;
+//   - stock as received: available + reserved = what the client's receipts
+//     brought, per SKU;
 //   - each event's handler committed once per consumer: the "processed"
 //     counters never exceed the inbox rows (and equal them when no process
 //     died and no commit was ambiguous).
@@ -340,7 +341,7 @@ func (sys *system) oracle(ctx context.Context, d *driver, e expect) (violations 
 	}
 	for sku, level := range stock {
 		if got := available[sku] + reserved[sku]; got != level {
-			fail("sku %s: available %d + reserved %d = %d, but it was set to %d", sku, available[sku], reserved[sku], got, level)
+			fail("sku %s: available %d + reserved %d = %d, but it received %d", sku, available[sku], reserved[sku], got, level)
 		}
 	}
 	if n := reserved[d.w.unknownSKU] + available[d.w.unknownSKU]; n != 0 {

@@ -138,7 +138,7 @@ type driver struct {
 	keyOf    map[uuid.UUID]string // the key of each order id
 	credited map[string]int64     // credits per customer that the API accepted
 	credits  map[string]int       // their number
-	stock    map[string]int64     // the level each SKU was set to
+	stock    map[string]int64     // the stock each SKU received
 }
 
 func newDriver(sys *system, w workload) *driver {
@@ -194,14 +194,15 @@ func (d *driver) credit(ctx context.Context, instance int, customerID string, am
 	return nil
 }
 
-// setStock sets a SKU's level and records it.
+// setStock stocks a new SKU at level with a receipt, and records it.
 func (d *driver) setStock(ctx context.Context, sku string, level int64) error {
-	u := d.sys.url("inventory") + "/stock/" + url.PathEscape(sku)
-	if err := d.send(ctx, http.MethodPut, u, "", fmt.Appendf(nil, `{"available":%d}`, level), http.StatusOK, nil); err != nil {
+	u := d.sys.url("inventory") + "/stock/" + url.PathEscape(sku) + "/receipts"
+	key := fmt.Sprintf("%s-receipt-%s", d.prefix, sku)
+	if err := d.send(ctx, http.MethodPost, u, key, fmt.Appendf(nil, `{"quantity":%d}`, level), http.StatusOK, nil); err != nil {
 		return err
 	}
 	d.mu.Lock()
-	d.stock[sku] = level
+	d.stock[sku] += level
 	d.mu.Unlock()
 	return nil
 }

@@ -175,7 +175,8 @@ func TestSaga(t *testing.T) {
 }
 
 // TestReuseDatabases starts dev twice on the same databases: the second run
-// finds them, and seeding again replays the credits instead of adding them.
+// finds them, and seeding again replays the credits and stock receipts
+// instead of adding them.
 func TestReuseDatabases(t *testing.T) {
 	t.Parallel()
 	cfg := onServer(t, "reuse")
@@ -187,6 +188,11 @@ func TestReuseDatabases(t *testing.T) {
 		var w dev.Wallet
 		getJSON(t, e.URL("payment")+"/wallets/alice", &w)
 		require.Equal(t, int64(100_000), w.BalanceCents)
+		for sku, want := range map[string]int64{"apple": 100, "plum": 0} {
+			var s dev.StockItem
+			getJSON(t, e.URL("inventory")+"/stock/"+sku, &s)
+			require.Equal(t, want, s.Available, sku)
+		}
 		require.NoError(t, e.Stop(context.Background()))
 	}
 }

@@ -50,9 +50,10 @@ func demoData() Seeded {
 }
 
 // Seed credits the demo wallets and stocks the demo SKUs through the HTTP
-// APIs of e. Each credit carries an Idempotency-Key derived from the wallet,
-// so seeding again (a dev run on a kept data directory) is a replay, not a
-// second credit; stock is set, not added.
+// APIs of e. Each credit and each stock receipt carries an Idempotency-Key
+// derived from what it seeds, so seeding again (a dev run on a kept data
+// directory) is a replay, not a second credit or delivery. A SKU seeded at
+// 0 is received and then written off, as stock that spoiled.
 func Seed(ctx context.Context, e *Env) (Seeded, error) {
 	client := newClient()
 	demo := demoData()
@@ -67,15 +68,35 @@ func Seed(ctx context.Context, e *Env) (Seeded, error) {
 		seeded.Wallets = append(seeded.Wallets, got)
 	}
 	for _, s := range demo.Stock {
-		var got StockItem
-		u := e.URL(inventory.Name) + "/stock/" + url.PathEscape(s.SKU)
-		body := map[string]int64{"available": s.Available}
-		if err := call(ctx, client, http.MethodPut, u, "", body, &got); err != nil {
+		got, err := seedStock(ctx, client, e.URL(inventory.Name)+"/stock/"+url.PathEscape(s.SKU), s)
+		if err != nil {
 			return seeded, fmt.Errorf("seed: stock %s: %w", s.SKU, err)
 		}
 		seeded.Stock = append(seeded.Stock, got)
 	}
 	return seeded, nil
+}
+
+// spoiled is what seedStock receives of a SKU seeded at 0, to write off.
+const spoiled = 10
+
+// seedStock brings a new SKU to s.Available through the stock ledger at u.
+func seedStock(ctx context.Context, client *http.Client, u string, s StockItem) (StockItem, error) {
+	var got StockItem
+	received := s.Available
+	if received == 0 {
+		received = spoiled
+	}
+	body := map[string]int64{"quantity": received}
+	if err := call(ctx, client, http.MethodPost, u+"/receipts", "dev-seed-receipt-"+s.SKU, body, &got); err != nil {
+		return got, err
+	}
+	if received == s.Available {
+		return got, nil
+	}
+	adjustment := map[string]any{"delta": s.Available - received, "reason": "spoiled"}
+	err := call(ctx, client, http.MethodPost, u+"/adjustments", "dev-seed-adjustment-"+s.SKU, adjustment, &got)
+	return got, err
 }
 
 // call sends body as JSON and decodes a 2xx answer into out.

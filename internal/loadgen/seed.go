@@ -57,9 +57,10 @@ func seed(ctx context.Context, c *client, cfg Config) (*world, error) {
 			w.plenty = append(w.plenty, sku)
 		}
 		w.prices[sku] = 100 + rand.Int64N(1900)
-		u := cfg.InventoryURL + "/stock/" + url.PathEscape(sku)
+		u := cfg.InventoryURL + "/stock/" + url.PathEscape(sku) + "/receipts"
+		key := "lg-" + cfg.RunID + "-receipt-" + sku
 		err := retry(ctx, func() {}, func() error {
-			return c.do(ctx, "PUT", u, "", map[string]int64{"available": stock}, nil)
+			return c.do(ctx, "POST", u, key, map[string]int64{"quantity": stock}, nil)
 		})
 		if err != nil {
 			return nil, fmt.Errorf("seed: stock %s: %w", sku, err)

@@ -13,5 +13,12 @@
 // stock rows are locked in SKU order, so that concurrent orders over
 // overlapping SKUs cannot deadlock.
 //
-// Over HTTP, PUT /stock/{sku} sets a SKU's available level and GET reads it.
+// Over HTTP, GET /stock/{sku} reads a SKU's level. Stock is a ledger: an
+// operator receives goods (POST /stock/{sku}/receipts) and corrects levels
+// by a signed delta with a reason (POST /stock/{sku}/adjustments), both
+// under an Idempotency-Key, so that a retry applies once; a stock count
+// (PUT /stock/{sku}) sets a level only if the version it counted (If-Match)
+// is still current, so that it cannot undo a reservation made since. Each
+// writes a stock movement in its transaction: available + reserved = the
+// sum of a SKU's movements, which the auditor checks.
 package inventory

@@ -1,6 +1,7 @@
 package inventory_test
 
 import (
+	"cmp"
 	"net/http"
 	"strconv"
 	"strings"
@@ -8,35 +9,153 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/internal/apptest"
+	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/httpapi"
+	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/services/inventory"
 )
 
-func TestStockLevelsOverHTTP(t *testing.T) {
+// movement is a row of the stock ledger.
+type movement struct {
+	kind   string
+	delta  int64
+	reason string
+}
+
+// movements returns sku's stock movements in the order they were written.
+func movements(t *testing.T, svc *apptest.Service, sku string) []movement {
+	t.Helper()
+	rows, err := svc.DB.Pool.Query(t.Context(), `SELECT kind, delta, reason FROM stock_movements WHERE sku = $1 ORDER BY id`, sku)
+	require.NoError(t, err)
+	defer rows.Close()
+	var got []movement
+	for rows.Next() {
+		var m movement
+		require.NoError(t, rows.Scan(&m.kind, &m.delta, &m.reason))
+		got = append(got, m)
+	}
+	require.NoError(t, rows.Err())
+	return got
+}
+
+func TestReceiptsAndAdjustmentsAreALedger(t *testing.T) {
 	t.Parallel()
 	svc := start(t)
 
 	var item inventory.StockItem
-	resp := svc.Do(t, http.MethodPut, "/stock/apple", nil, map[string]int64{"available": 7}, &item)
+	resp := svc.Do(t, http.MethodPost, "/stock/apple/receipts", idempotencyKey(), map[string]int64{"quantity": 7}, &item)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
-	require.Equal(t, inventory.StockItem{SKU: "apple", Available: 7}, item)
+	require.Equal(t, inventory.StockItem{SKU: "apple", Available: 7, Version: 1}, item)
+
+	resp = svc.Do(t, http.MethodPost, "/stock/apple/receipts", idempotencyKey(), map[string]int64{"quantity": 5}, &item)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, inventory.StockItem{SKU: "apple", Available: 12, Version: 2}, item, "a receipt adds to the level")
+
+	resp = svc.Do(t, http.MethodPost, "/stock/apple/adjustments", idempotencyKey(), map[string]any{"delta": -2, "reason": "damaged"}, &item)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, inventory.StockItem{SKU: "apple", Available: 10, Version: 3}, item)
 
 	resp = svc.Do(t, http.MethodGet, "/stock/apple", nil, nil, &item)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	require.Equal(t, inventory.StockItem{SKU: "apple", Available: 7}, item)
+	require.Equal(t, inventory.StockItem{SKU: "apple", Available: 10, Version: 3}, item)
+	require.Equal(t, `"3"`, resp.Header.Get("ETag"))
 
-	// PUT sets the absolute level, so a retry sets the same level again.
-	for _, level := range []int64{0, inventory.MaxAvailable, inventory.MaxAvailable, 3} {
-		resp = svc.Do(t, http.MethodPut, "/stock/apple", nil, map[string]int64{"available": level}, &item)
-		require.Equal(t, http.StatusOK, resp.StatusCode)
-		require.Equal(t, level, item.Available)
-	}
-	require.Equal(t, int64(3), available(t, svc, "apple"))
+	var p httpapi.Problem
+	resp = svc.Do(t, http.MethodPost, "/stock/apple/adjustments", idempotencyKey(), map[string]any{"delta": -11, "reason": "stolen"}, &p)
+	require.Equal(t, http.StatusConflict, resp.StatusCode, "stock never goes negative")
+	resp = svc.Do(t, http.MethodPost, "/stock/ghost/adjustments", idempotencyKey(), map[string]any{"delta": 1, "reason": "found"}, &p)
+	require.Equal(t, http.StatusNotFound, resp.StatusCode, "an adjustment corrects a known SKU")
+	resp = svc.Do(t, http.MethodPost, "/stock/apple/receipts", idempotencyKey(), map[string]int64{"quantity": inventory.MaxAvailable}, &p)
+	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
+	resp = svc.Do(t, http.MethodPost, "/stock/apple/adjustments", idempotencyKey(), map[string]any{"delta": inventory.MaxAvailable, "reason": "typo"}, &p)
+	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
 
-	resp = svc.Do(t, http.MethodPut, "/stock/SKU-42_b.x~", nil, map[string]int64{"available": 1}, &item)
+	require.Equal(t, []movement{
+		{inventory.MovementReceipt, 7, ""},
+		{inventory.MovementReceipt, 5, ""},
+		{inventory.MovementAdjustment, -2, "damaged"},
+	}, movements(t, svc, "apple"), "only the applied changes are movements")
+	require.Equal(t, int64(10), available(t, svc, "apple"))
+
+	resp = svc.Do(t, http.MethodPost, "/stock/SKU-42_b.x~/receipts", idempotencyKey(), map[string]int64{"quantity": 1}, &item)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "any printable ASCII is a SKU")
 	require.Equal(t, "SKU-42_b.x~", item.SKU)
+}
+
+// TestRetriedReceiptAppliesOnce: a receipt whose answer was lost is sent
+// again with its key, after a reservation took some of it. The retry gets
+// the first answer back and adds nothing: the reserved units stay taken.
+func TestRetriedReceiptAppliesOnce(t *testing.T) {
+	t.Parallel()
+	svc := start(t)
+	key := idempotencyKey()
+	var first, again inventory.StockItem
+	resp := svc.Do(t, http.MethodPost, "/stock/apple/receipts", key, map[string]int64{"quantity": 10}, &first)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	reserve(t, svc, line("apple", 3))
+
+	resp = svc.Do(t, http.MethodPost, "/stock/apple/receipts", key, map[string]int64{"quantity": 10}, &again)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "true", resp.Header.Get(httpapi.HeaderReplayed))
+	require.Equal(t, first, again, "the retry is answered as the first request")
+	require.Equal(t, int64(7), available(t, svc, "apple"), "10 received once, 3 reserved")
+	require.Equal(t, []movement{{inventory.MovementReceipt, 10, ""}}, movements(t, svc, "apple"))
+
+	var p httpapi.Problem
+	resp = svc.Do(t, http.MethodPost, "/stock/apple/receipts", key, map[string]int64{"quantity": 11}, &p)
+	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "the key with another request")
+	resp = svc.Do(t, http.MethodPost, "/stock/pear/receipts", key, map[string]int64{"quantity": 10}, &p)
+	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "the key on another SKU")
+
+	adjust := idempotencyKey()
+	for range 2 {
+		resp = svc.Do(t, http.MethodPost, "/stock/apple/adjustments", adjust, map[string]any{"delta": -2, "reason": "damaged"}, nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	require.Equal(t, int64(5), available(t, svc, "apple"), "a retried adjustment applies once")
+}
+
+// TestStockCountCannotUndoAReservation: a count names the version it
+// counted; a reservation since then changed it, and the count is refused
+// rather than put the reserved units back.
+func TestStockCountCannotUndoAReservation(t *testing.T) {
+	t.Parallel()
+	svc := start(t)
+	setStock(t, svc, "apple", 10)
+	var counted inventory.StockItem
+	resp := svc.Do(t, http.MethodGet, "/stock/apple", nil, nil, &counted)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	etag := resp.Header.Get("ETag")
+	reserve(t, svc, line("apple", 3))
+
+	var p httpapi.Problem
+	resp = svc.Do(t, http.MethodPut, "/stock/apple", http.Header{"If-Match": {etag}}, map[string]int64{"available": 10}, &p)
+	require.Equal(t, http.StatusPreconditionFailed, resp.StatusCode, p.Detail)
+	resp = svc.Do(t, http.MethodPut, "/stock/apple", nil, map[string]int64{"available": 10}, &p)
+	require.Equal(t, http.StatusPreconditionRequired, resp.StatusCode, "a level is never set unconditionally")
+	require.Equal(t, int64(7), available(t, svc, "apple"), "the reservation stands")
+
+	var item inventory.StockItem
+	resp = svc.Do(t, http.MethodGet, "/stock/apple", nil, nil, &item)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	resp = svc.Do(t, http.MethodPut, "/stock/apple", http.Header{"If-Match": {resp.Header.Get("ETag")}}, map[string]any{"available": 6, "reason": "counted"}, &item)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "a count of the current version")
+	require.Equal(t, inventory.StockItem{SKU: "apple", Available: 6, Version: counted.Version + 2}, item)
+	require.Equal(t, strconv.Quote(strconv.FormatInt(item.Version, 10)), resp.Header.Get("ETag"))
+	require.Equal(t, []movement{{inventory.MovementReceipt, 10, ""}, {inventory.MovementCount, -1, "counted"}}, movements(t, svc, "apple"))
+
+	resp = svc.Do(t, http.MethodPut, "/stock/ghost", http.Header{"If-Match": {`"1"`}}, map[string]int64{"available": 1}, &p)
+	require.Equal(t, http.StatusNotFound, resp.StatusCode, "a count sets the level of a known SKU")
+}
+
+// reserve has the saga reserve lines of a new order and waits until it is.
+func reserve(t *testing.T, svc *apptest.Service, lines ...event.OrderLine) {
+	t.Helper()
+	outcomes := svc.Watch(t, streams.Inventory, "inventory.>")
+	svc.Publish(t, paymentDebited(t, lines...))
+	require.Equal(t, event.StockReserved, outcomes.Wait(t, 1)[0].Type)
 }
 
 func TestGetStockRefusesUnknownAndInvalidSKUs(t *testing.T) {
@@ -67,51 +186,65 @@ func TestBadStockRequestsWriteNothing(t *testing.T) {
 	t.Parallel()
 	svc := start(t)
 	tooMany := strconv.Itoa(inventory.MaxAvailable + 1)
+	const receipts, adjustments = "/stock/apple/receipts", "/stock/apple/adjustments"
 	tests := []struct {
-		name        string
-		path        string
-		contentType string // default application/json
-		body        []byte
-		want        int
+		name   string
+		method string // default POST
+		path   string
+		header http.Header // default an Idempotency-Key and application/json
+		body   []byte
+		want   int
 	}{
-		{"malformed", "/stock/apple", "", []byte(`{"available":`), http.StatusBadRequest},
-		{"empty object", "/stock/apple", "", []byte(`{}`), http.StatusBadRequest},
-		{"null level", "/stock/apple", "", []byte(`{"available":null}`), http.StatusBadRequest},
-		{"negative level", "/stock/apple", "", []byte(`{"available":-1}`), http.StatusBadRequest},
-		{"level above the cap", "/stock/apple", "", []byte(`{"available":` + tooMany + `}`), http.StatusBadRequest},
-		{"overflowing number", "/stock/apple", "", []byte(`{"available":1e30}`), http.StatusBadRequest},
-		{"huge integer", "/stock/apple", "", []byte(`{"available":100000000000000000000000}`), http.StatusBadRequest},
-		{"fractional level", "/stock/apple", "", []byte(`{"available":1.5}`), http.StatusBadRequest},
-		{"string level", "/stock/apple", "", []byte(`{"available":"5"}`), http.StatusBadRequest},
-		{"unknown field", "/stock/apple", "", []byte(`{"available":5,"reserved":1}`), http.StatusBadRequest},
-		{"trailing data", "/stock/apple", "", []byte(`{"available":5}{"available":6}`), http.StatusBadRequest},
-		{"array body", "/stock/apple", "", []byte(`[5]`), http.StatusBadRequest},
-		{"empty body", "/stock/apple", "", []byte(``), http.StatusBadRequest},
-		{"not JSON", "/stock/apple", "text/plain", []byte(`{"available":5}`), http.StatusUnsupportedMediaType},
-		{"oversized", "/stock/apple", "", []byte(`{"available":5,"x":"` + strings.Repeat("a", 70<<10) + `"}`), http.StatusRequestEntityTooLarge},
-		{"sku too long", "/stock/" + strings.Repeat("s", 129), "", []byte(`{"available":5}`), http.StatusBadRequest},
-		{"non-ASCII sku", "/stock/%C3%A9clair", "", []byte(`{"available":5}`), http.StatusBadRequest},
-		{"sku with a space", "/stock/a%20b", "", []byte(`{"available":5}`), http.StatusBadRequest},
-		{"empty sku", "/stock/", "", []byte(`{"available":5}`), http.StatusNotFound}, // no such route
+		{"malformed", "", receipts, nil, []byte(`{"quantity":`), http.StatusBadRequest},
+		{"empty object", "", receipts, nil, []byte(`{}`), http.StatusBadRequest},
+		{"null quantity", "", receipts, nil, []byte(`{"quantity":null}`), http.StatusBadRequest},
+		{"zero quantity", "", receipts, nil, []byte(`{"quantity":0}`), http.StatusBadRequest},
+		{"negative quantity", "", receipts, nil, []byte(`{"quantity":-1}`), http.StatusBadRequest},
+		{"quantity above the cap", "", receipts, nil, []byte(`{"quantity":` + tooMany + `}`), http.StatusBadRequest},
+		{"overflowing number", "", receipts, nil, []byte(`{"quantity":1e30}`), http.StatusBadRequest},
+		{"huge integer", "", receipts, nil, []byte(`{"quantity":100000000000000000000000}`), http.StatusBadRequest},
+		{"fractional quantity", "", receipts, nil, []byte(`{"quantity":1.5}`), http.StatusBadRequest},
+		{"string quantity", "", receipts, nil, []byte(`{"quantity":"5"}`), http.StatusBadRequest},
+		{"unknown field", "", receipts, nil, []byte(`{"quantity":5,"reserved":1}`), http.StatusBadRequest},
+		{"trailing data", "", receipts, nil, []byte(`{"quantity":5}{"quantity":6}`), http.StatusBadRequest},
+		{"array body", "", receipts, nil, []byte(`[5]`), http.StatusBadRequest},
+		{"empty body", "", receipts, nil, []byte(``), http.StatusBadRequest},
+		{"no Idempotency-Key", "", receipts, http.Header{"Content-Type": {"application/json"}}, []byte(`{"quantity":5}`), http.StatusBadRequest},
+		{"not JSON", "", receipts, http.Header{"Content-Type": {"text/plain"}, "Idempotency-Key": {"k"}}, []byte(`{"quantity":5}`), http.StatusUnsupportedMediaType},
+		{"oversized", "", receipts, nil, []byte(`{"quantity":5,"x":"` + strings.Repeat("a", 70<<10) + `"}`), http.StatusRequestEntityTooLarge},
+		{"sku too long", "", "/stock/" + strings.Repeat("s", 129) + "/receipts", nil, []byte(`{"quantity":5}`), http.StatusBadRequest},
+		{"non-ASCII sku", "", "/stock/%C3%A9clair/receipts", nil, []byte(`{"quantity":5}`), http.StatusBadRequest},
+		{"sku with a space", "", "/stock/a%20b/receipts", nil, []byte(`{"quantity":5}`), http.StatusBadRequest},
+		{"empty sku", "", "/stock//receipts", nil, []byte(`{"quantity":5}`), http.StatusBadRequest},
+		{"zero delta", "", adjustments, nil, []byte(`{"delta":0,"reason":"none"}`), http.StatusBadRequest},
+		{"delta without a reason", "", adjustments, nil, []byte(`{"delta":-1}`), http.StatusBadRequest},
+		{"blank reason", "", adjustments, nil, []byte(`{"delta":-1,"reason":"  "}`), http.StatusBadRequest},
+		{"long reason", "", adjustments, nil, []byte(`{"delta":-1,"reason":"` + strings.Repeat("x", 201) + `"}`), http.StatusBadRequest},
+		{"delta below the cap", "", adjustments, nil, []byte(`{"delta":-` + tooMany + `,"reason":"x"}`), http.StatusBadRequest},
+		{"count without a level", http.MethodPut, "/stock/apple", http.Header{"If-Match": {`"1"`}}, []byte(`{"available":null}`), http.StatusBadRequest},
+		{"negative count", http.MethodPut, "/stock/apple", http.Header{"If-Match": {`"1"`}}, []byte(`{"available":-1}`), http.StatusBadRequest},
+		{"count without If-Match", http.MethodPut, "/stock/apple", http.Header{}, []byte(`{"available":1}`), http.StatusPreconditionRequired},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			var header http.Header
-			if tt.contentType != "" {
-				header = http.Header{"Content-Type": {tt.contentType}}
+			header := tt.header
+			if header == nil {
+				header = idempotencyKey()
+			}
+			if header.Get("Content-Type") == "" {
+				header.Set("Content-Type", "application/json")
 			}
 			var p httpapi.Problem
-			resp := svc.Do(t, http.MethodPut, tt.path, header, tt.body, &p)
+			resp := svc.Do(t, cmp.Or(tt.method, http.MethodPost), tt.path, header, tt.body, &p)
 			require.Equal(t, tt.want, resp.StatusCode)
 			require.Equal(t, httpapi.ContentTypeProblem, resp.Header.Get("Content-Type"))
 			require.Equal(t, tt.want, p.Status)
-			if tt.want != http.StatusNotFound {
-				require.NotEmpty(t, p.Detail, "a refusal says why")
-			}
+			require.NotEmpty(t, p.Detail, "a refusal says why")
 
 			var rows int
-			require.NoError(t, svc.DB.Pool.QueryRow(t.Context(), `SELECT count(*) FROM stock`).Scan(&rows))
+			require.NoError(t, svc.DB.Pool.QueryRow(t.Context(),
+				`SELECT (SELECT count(*) FROM stock) + (SELECT count(*) FROM stock_movements) + (SELECT count(*) FROM idempotency_keys)`).Scan(&rows))
 			require.Zero(t, rows, "a refused request writes nothing")
 		})
 	}

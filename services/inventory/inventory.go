@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/idempotency"
 	"github.com/onceflow/onceflow/internal/inbox"
 	"github.com/onceflow/onceflow/internal/outbox"
 	"github.com/onceflow/onceflow/services/inventory/internal/dbsqlc"
@@ -25,11 +26,12 @@ const (
 type Service struct {
 	pool    *pgxpool.Pool
 	queries *dbsqlc.Queries
+	idem    *idempotency.Store
 }
 
 // New returns the service on its database.
 func New(pool *pgxpool.Pool) *Service {
-	return &Service{pool: pool, queries: dbsqlc.New()}
+	return &Service{pool: pool, queries: dbsqlc.New(), idem: idempotency.NewStore(pool, 0)}
 }
 
 // HandlePaymentDebited reserves every line of the debited order, or none: an

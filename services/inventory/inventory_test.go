@@ -52,10 +52,22 @@ func batchedPerEvent(cfg *app.Config) {
 	apptest.PerEvent(cfg)
 }
 
+// setStock stocks a new SKU at available through the ledger: a receipt,
+// and for a level of 0 an adjustment that takes it back.
 func setStock(t *testing.T, svc *apptest.Service, sku string, available int64) {
 	t.Helper()
-	resp := svc.Do(t, http.MethodPut, "/stock/"+sku, nil, map[string]int64{"available": available}, nil)
+	received := max(available, 1)
+	resp := svc.Do(t, http.MethodPost, "/stock/"+sku+"/receipts", idempotencyKey(), map[string]int64{"quantity": received}, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
+	if received > available {
+		resp = svc.Do(t, http.MethodPost, "/stock/"+sku+"/adjustments", idempotencyKey(), map[string]any{"delta": available - received, "reason": "sold out"}, nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+}
+
+// idempotencyKey is a header with a new Idempotency-Key.
+func idempotencyKey() http.Header {
+	return http.Header{"Idempotency-Key": {uuid.NewString()}}
 }
 
 // available returns the level of sku, or -1 if it is unknown.

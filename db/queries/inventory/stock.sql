@@ -1,15 +1,38 @@
 -- name: GetStock :one
-SELECT sku, available, updated_at
+SELECT sku, available, version
 FROM stock
 WHERE sku = @sku;
 
--- name: SetStock :one
--- Sets the absolute level of a SKU, creating it if it is new.
+-- name: ReceiveStock :one
+-- Adds quantity to a SKU's level, creating the SKU if it is new, unless the
+-- level would pass max_available: then no row comes back.
 INSERT INTO stock (sku, available)
-VALUES (@sku, @available)
+VALUES (@sku, @quantity)
 ON CONFLICT (sku) DO UPDATE
-SET available = excluded.available, updated_at = now()
-RETURNING sku, available;
+SET available = stock.available + excluded.available, version = stock.version + 1, updated_at = now()
+WHERE stock.available + excluded.available <= @max_available
+RETURNING sku, available, version;
+
+-- name: LockStockItem :one
+-- One SKU's stock row, locked until the transaction ends: an adjustment or
+-- a count decides on the level it read.
+SELECT sku, available, version
+FROM stock
+WHERE sku = @sku
+FOR UPDATE;
+
+-- name: SetStockLevel :one
+-- Sets the level of a SKU the caller locked.
+UPDATE stock
+SET available = @available, version = version + 1, updated_at = now()
+WHERE sku = @sku
+RETURNING sku, available, version;
+
+-- name: InsertStockMovement :exec
+-- Records a change of a SKU's level that is not a reservation, in the
+-- transaction of the change.
+INSERT INTO stock_movements (sku, kind, delta, reason)
+VALUES (@sku, @kind, @delta, @reason);
 
 -- name: LockStock :many
 -- The stock rows of skus that exist, locked in SKU order: two orders over
@@ -31,6 +54,6 @@ FOR UPDATE;
 -- The skus are named twice: = ANY is an index condition even in a
 -- generic plan made on a nearly empty table (db/plans_test.go).
 UPDATE stock
-SET available = stock.available - want.quantity, updated_at = now()
+SET available = stock.available - want.quantity, version = stock.version + 1, updated_at = now()
 FROM (SELECT unnest(@skus::text[]) AS sku, unnest(@quantities::bigint[]) AS quantity) AS want
 WHERE stock.sku = want.sku AND stock.sku = ANY (@skus::text[]);

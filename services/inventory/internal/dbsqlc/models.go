@@ -3,13 +3,3 @@
 //   sqlc v1.31.1
 
 package dbsqlc
-
-import (
-	"time"
-)
-
-type Stock struct {
-	Sku       string
-	Available int64
-	UpdatedAt time.Time
-}

@@ -11,7 +11,7 @@ import (
 
 const decrementStock = `-- name: DecrementStock :exec
 UPDATE stock
-SET available = stock.available - want.quantity, updated_at = now()
+SET available = stock.available - want.quantity, version = stock.version + 1, updated_at = now()
 FROM (SELECT unnest($1::text[]) AS sku, unnest($2::bigint[]) AS quantity) AS want
 WHERE stock.sku = want.sku AND stock.sku = ANY ($1::text[])
 `
@@ -34,16 +34,46 @@ func (q *Queries) DecrementStock(ctx context.Context, db DBTX, arg DecrementStoc
 }
 
 const getStock = `-- name: GetStock :one
-SELECT sku, available, updated_at
+SELECT sku, available, version
 FROM stock
 WHERE sku = $1
 `
 
-func (q *Queries) GetStock(ctx context.Context, db DBTX, sku string) (Stock, error) {
+type GetStockRow struct {
+	Sku       string
+	Available int64
+	Version   int64
+}
+
+func (q *Queries) GetStock(ctx context.Context, db DBTX, sku string) (GetStockRow, error) {
 	row := db.QueryRow(ctx, getStock, sku)
-	var i Stock
-	err := row.Scan(&i.Sku, &i.Available, &i.UpdatedAt)
+	var i GetStockRow
+	err := row.Scan(&i.Sku, &i.Available, &i.Version)
 	return i, err
+}
+
+const insertStockMovement = `-- name: InsertStockMovement :exec
+INSERT INTO stock_movements (sku, kind, delta, reason)
+VALUES ($1, $2, $3, $4)
+`
+
+type InsertStockMovementParams struct {
+	Sku    string
+	Kind   string
+	Delta  int64
+	Reason string
+}
+
+// Records a change of a SKU's level that is not a reservation, in the
+// transaction of the change.
+func (q *Queries) InsertStockMovement(ctx context.Context, db DBTX, arg InsertStockMovementParams) error {
+	_, err := db.Exec(ctx, insertStockMovement,
+		arg.Sku,
+		arg.Kind,
+		arg.Delta,
+		arg.Reason,
+	)
+	return err
 }
 
 const lockStock = `-- name: LockStock :many
@@ -83,28 +113,80 @@ func (q *Queries) LockStock(ctx context.Context, db DBTX, skus []string) ([]Lock
 	return items, nil
 }
 
-const setStock = `-- name: SetStock :one
+const lockStockItem = `-- name: LockStockItem :one
+SELECT sku, available, version
+FROM stock
+WHERE sku = $1
+FOR UPDATE
+`
+
+type LockStockItemRow struct {
+	Sku       string
+	Available int64
+	Version   int64
+}
+
+// One SKU's stock row, locked until the transaction ends: an adjustment or
+// a count decides on the level it read.
+func (q *Queries) LockStockItem(ctx context.Context, db DBTX, sku string) (LockStockItemRow, error) {
+	row := db.QueryRow(ctx, lockStockItem, sku)
+	var i LockStockItemRow
+	err := row.Scan(&i.Sku, &i.Available, &i.Version)
+	return i, err
+}
+
+const receiveStock = `-- name: ReceiveStock :one
 INSERT INTO stock (sku, available)
 VALUES ($1, $2)
 ON CONFLICT (sku) DO UPDATE
-SET available = excluded.available, updated_at = now()
-RETURNING sku, available
+SET available = stock.available + excluded.available, version = stock.version + 1, updated_at = now()
+WHERE stock.available + excluded.available <= $3
+RETURNING sku, available, version
 `
 
-type SetStockParams struct {
-	Sku       string
-	Available int64
+type ReceiveStockParams struct {
+	Sku          string
+	Quantity     int64
+	MaxAvailable int64
 }
 
-type SetStockRow struct {
+type ReceiveStockRow struct {
 	Sku       string
 	Available int64
+	Version   int64
 }
 
-// Sets the absolute level of a SKU, creating it if it is new.
-func (q *Queries) SetStock(ctx context.Context, db DBTX, arg SetStockParams) (SetStockRow, error) {
-	row := db.QueryRow(ctx, setStock, arg.Sku, arg.Available)
-	var i SetStockRow
-	err := row.Scan(&i.Sku, &i.Available)
+// Adds quantity to a SKU's level, creating the SKU if it is new, unless the
+// level would pass max_available: then no row comes back.
+func (q *Queries) ReceiveStock(ctx context.Context, db DBTX, arg ReceiveStockParams) (ReceiveStockRow, error) {
+	row := db.QueryRow(ctx, receiveStock, arg.Sku, arg.Quantity, arg.MaxAvailable)
+	var i ReceiveStockRow
+	err := row.Scan(&i.Sku, &i.Available, &i.Version)
+	return i, err
+}
+
+const setStockLevel = `-- name: SetStockLevel :one
+UPDATE stock
+SET available = $1, version = version + 1, updated_at = now()
+WHERE sku = $2
+RETURNING sku, available, version
+`
+
+type SetStockLevelParams struct {
+	Available int64
+	Sku       string
+}
+
+type SetStockLevelRow struct {
+	Sku       string
+	Available int64
+	Version   int64
+}
+
+// Sets the level of a SKU the caller locked.
+func (q *Queries) SetStockLevel(ctx context.Context, db DBTX, arg SetStockLevelParams) (SetStockLevelRow, error) {
+	row := db.QueryRow(ctx, setStockLevel, arg.Available, arg.Sku)
+	var i SetStockLevelRow
+	err := row.Scan(&i.Sku, &i.Available, &i.Version)
 	return i, err
 }
