@@ -23,6 +23,8 @@ import (
 	"github.com/onceflow/onceflow/internal/audit"
 	"github.com/onceflow/onceflow/internal/cli"
 	"github.com/onceflow/onceflow/internal/dev"
+	"github.com/onceflow/onceflow/internal/dlq"
+	"github.com/onceflow/onceflow/internal/dlq/dlqtest"
 	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
@@ -280,6 +282,43 @@ func TestAudit(t *testing.T) {
 		require.Equal(t, int64(1), dlq[streams.InventoryPayments])
 		require.Equal(t, int64(1), dlq[streams.OrderPayments])
 		require.Contains(t, consumers.Figure(streams.OrderPayments+" DLQ reasons"), "1× ")
+	})
+
+	// An event processed, then dead-lettered (a consumer that gave up on a
+	// delivery whose commit had in fact happened), then replayed: the
+	// replay is a duplicate, and the event is verified once.
+	t.Run("a replayed event counts once", func(t *testing.T) {
+		ctx := t.Context()
+		figures := func(report audit.Report) map[string]int64 {
+			consumers, _ := report.Find(audit.CheckConsumers)
+			for _, f := range consumers.Figures {
+				if strings.HasPrefix(f.Name, streams.InventoryPayments+" (") {
+					return f.Value.(map[string]int64)
+				}
+			}
+			t.Fatalf("no figures of %s", streams.InventoryPayments)
+			return nil
+		}
+		before := figures(s.audit(t, settle))
+		st, err := s.js.Stream(ctx, streams.Payments)
+		require.NoError(t, err)
+		var seq uint64
+		require.NoError(t, s.dbs["inventory"].QueryRow(ctx, `SELECT p.stream_seq FROM processed_events p
+			WHERE p.consumer = $1 AND p.event_type = 'onceflow.payment.debited.v1' ORDER BY p.stream_seq LIMIT 1`, streams.InventoryPayments).Scan(&seq))
+		last, err := st.GetMsg(ctx, seq)
+		require.NoError(t, err)
+		id := dlqtest.DeadLetterMsg(t, s.js, &nats.Msg{Subject: last.Subject, Header: last.Header, Data: last.Data},
+			streams.Payments, last.Sequence, streams.InventoryPayments, "failed on each of 10 deliveries, the last: commit: connection reset")
+		_, err = dlq.New(s.js, dlq.Config{}).Replay(ctx, id, dlq.ReplayOptions{By: "test"})
+		require.NoError(t, err)
+
+		report := s.audit(t, settle)
+		requireClean(t, report)
+		after := figures(report)
+		require.Equal(t, int64(1), after["replays"])
+		require.Equal(t, before["verified"], after["verified"], "the replayed event is verified once")
+		require.Equal(t, before["inbox_rows"], after["inbox_rows"], "the replay was a duplicate")
+		require.Equal(t, before["messages"]+1, after["messages"])
 	})
 
 	t.Run("command", func(t *testing.T) {

@@ -373,6 +373,7 @@ func (f facts) checkConsumers() Check {
 				"inbox_rows":  cs.processed,
 				"dlq":         int64(cs.dlq),
 				"verified":    int64(cs.verified),
+				"replays":     int64(cs.replays),
 			},
 		})
 		if !cs.scanned {

@@ -26,7 +26,9 @@
 //     last message its filter matches, nothing is pending or unacked, and
 //     every message it acked has its inbox row (processed_events) or a DLQ
 //     entry — an ack without either is an effect lost. DLQ entries with
-//     their reasons, and inbox rows against messages, are figures.
+//     their reasons, and inbox rows against messages, are figures. An
+//     event replayed from the DLQ (package dlq) is verified once: its
+//     entry and its replay are one event.
 //   - notifications: one e-mail per (order, milestone) — placed and the
 //     terminal one — and none pending or failed.
 //

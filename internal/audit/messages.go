@@ -198,20 +198,33 @@ func (s *system) readDLQ(ctx context.Context) (dlqContents, error) {
 // unprocessed returns the messages of cs's stream that cs acked (at or
 // below its ack floor) and that have neither an inbox row of cs nor a DLQ
 // entry: events whose effect was lost. It also returns how many acked
-// messages it verified.
-func (s *system) unprocessed(ctx context.Context, cs consumerState, msgs []streamMsg, letters map[deadLetter]bool) (lost []streamMsg, verified int, err error) {
+// events it verified, each once however often it was replayed from the
+// DLQ, and how many of the messages were such replays.
+func (s *system) unprocessed(ctx context.Context, cs consumerState, msgs []streamMsg, letters map[deadLetter]bool) (lost []streamMsg, verified, replays int, err error) {
 	db, ok := s.inboxOf(cs.spec.Durable)
 	if !ok {
-		return nil, 0, fmt.Errorf("audit: no database holds the inbox of %s", cs.spec.Durable)
+		return nil, 0, 0, fmt.Errorf("audit: no database holds the inbox of %s", cs.spec.Durable)
 	}
 	bySeq := make(map[uuid.UUID][]streamMsg)
 	var ids []uuid.UUID
+	// An event dead-lettered and replayed is one event: its DLQ entry and
+	// its replay's inbox row (or its replay's own DLQ entry) verify it once.
+	counted := make(map[uuid.UUID]bool)
+	count := func(id uuid.UUID) {
+		if id == uuid.Nil || !counted[id] {
+			verified++
+		}
+		counted[id] = true
+	}
 	for _, m := range msgs {
 		if m.seq > cs.info.AckFloor.Stream || !matchesAny(cs.filters, m.subject) {
 			continue // not acked yet (the ack floor check reports it), or not its
 		}
+		if _, _, ok := streams.ReplayOf(m.subject); ok {
+			replays++
+		}
 		if letters[deadLetter{durable: cs.spec.Durable, stream: cs.spec.Stream, seq: m.seq}] {
-			verified++
+			count(m.eventID)
 			continue
 		}
 		if m.eventID == uuid.Nil {
@@ -228,7 +241,7 @@ func (s *system) unprocessed(ctx context.Context, cs consumerState, msgs []strea
 	for chunk := range slices.Chunk(ids, lookupChunk) {
 		rows, err := q.MissingProcessed(ctx, db.pool, platformdb.MissingProcessedParams{EventIds: chunk, Consumer: cs.spec.Durable})
 		if err != nil {
-			return nil, 0, fmt.Errorf("audit: inbox rows of %s: %w", cs.spec.Durable, err)
+			return nil, 0, 0, fmt.Errorf("audit: inbox rows of %s: %w", cs.spec.Durable, err)
 		}
 		for _, id := range rows {
 			missing[id] = true
@@ -238,10 +251,10 @@ func (s *system) unprocessed(ctx context.Context, cs consumerState, msgs []strea
 		if missing[id] {
 			lost = append(lost, bySeq[id]...)
 		} else {
-			verified += len(bySeq[id])
+			count(id)
 		}
 	}
-	return lost, verified, nil
+	return lost, verified, replays, nil
 }
 
 // inboxOf returns the database that holds durable's inbox rows: durables are

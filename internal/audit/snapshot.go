@@ -109,9 +109,12 @@ type consumerState struct {
 	reasons   map[string]int // of the DLQ entries, per reason; nil if not read
 	// scanned says whether its acked messages were verified one by one
 	// (the stream and the DLQ were small enough to read); verified counts
-	// those with an inbox row or a DLQ entry, lost those with neither.
+	// the events with an inbox row or a DLQ entry (a replayed event once),
+	// lost the messages with neither; replays counts the replays from the
+	// DLQ among the messages.
 	scanned  bool
 	verified int
+	replays  int
 	lost     []streamMsg
 }
 
@@ -340,7 +343,7 @@ func (s *system) readConsumers(ctx context.Context, snap *snapshot, processed ma
 		list, read := msgs[cs.spec.Stream]
 		if cs.info != nil && read && dlq.letters != nil {
 			cs.scanned = true
-			if cs.lost, cs.verified, err = s.unprocessed(ctx, cs, list, dlq.letters); err != nil {
+			if cs.lost, cs.verified, cs.replays, err = s.unprocessed(ctx, cs, list, dlq.letters); err != nil {
 				return err
 			}
 		}

@@ -101,6 +101,7 @@ func commands() []command {
 			summary: "mark outbox rows sent since a time for publishing again (after a broker lost acked messages)",
 			run:     runOutbox,
 		},
+		command{name: "dlq", usage: dlqUsage, summary: "list, show, replay or discard dead-lettered events", run: runDLQ},
 		command{name: "audit", usage: "[--wait D]", summary: "check the saga's invariants across the four databases and NATS; fail on any violation", run: runAudit},
 		command{name: "loadgen", usage: "[--rate N/s] [--duration D] [--concurrency N] [--json FILE] [--histogram FILE.svg|png] [--order-url URL] …", summary: "drive a running onceflow over HTTP and report orders/s and placed→confirmed latency", run: runLoadgen},
 		command{
