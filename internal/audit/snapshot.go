@@ -282,48 +282,9 @@ func (s *system) readConsumers(ctx context.Context, snap *snapshot, processed ma
 	// and published its DLQ entry before, so both are found when read after.
 	var states []consumerState
 	for _, c := range s.topology.Consumers {
-		cs := consumerState{spec: c, processed: processed[c.Durable]}
-
-		st, err := s.js.Stream(ctx, c.Stream)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			cs.streamMissing = true
-			states = append(states, cs)
-			continue
-		}
+		cs, err := s.readConsumer(ctx, c, processed[c.Durable])
 		if err != nil {
-			return fmt.Errorf("audit: stream %s: %w", c.Stream, err)
-		}
-		if cs.info, err = s.consumerInfo(ctx, c); err != nil {
 			return err
-		}
-		// The filters the server applies, which are what counts; the
-		// topology's when the consumer is missing.
-		cs.filters = c.FilterSubjects
-		if cs.info != nil {
-			cs.filters = cs.info.Config.FilterSubjects
-			if f := cs.info.Config.FilterSubject; f != "" {
-				cs.filters = []string{f}
-			}
-		}
-		if len(cs.filters) == 0 {
-			cs.filters = []string{">"}
-		}
-		for _, f := range cs.filters {
-			last, err := st.GetLastMsgForSubject(ctx, f)
-			switch {
-			case errors.Is(err, jetstream.ErrMsgNotFound):
-			case err != nil:
-				return fmt.Errorf("audit: last message on %s of %s: %w", f, c.Stream, err)
-			default:
-				cs.lastSeq = max(cs.lastSeq, last.Sequence)
-			}
-			info, err := st.Info(ctx, jetstream.WithSubjectFilter(f))
-			if err != nil {
-				return fmt.Errorf("audit: messages on %s of %s: %w", f, c.Stream, err)
-			}
-			for _, n := range info.State.Subjects {
-				cs.messages += n
-			}
 		}
 		states = append(states, cs)
 	}
@@ -357,4 +318,51 @@ func (s *system) readConsumers(ctx context.Context, snap *snapshot, processed ma
 		}
 	}
 	return nil
+}
+
+// readConsumer reads the state of durable c, which has processed events
+// in its inbox, and counts the messages its filters match.
+func (s *system) readConsumer(ctx context.Context, c streams.Consumer, processed int64) (consumerState, error) {
+	cs := consumerState{spec: c, processed: processed}
+	st, err := s.js.Stream(ctx, c.Stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		cs.streamMissing = true
+		return cs, nil
+	}
+	if err != nil {
+		return cs, fmt.Errorf("audit: stream %s: %w", c.Stream, err)
+	}
+	if cs.info, err = s.consumerInfo(ctx, c); err != nil {
+		return cs, err
+	}
+	// The filters the server applies, which are what counts; the
+	// topology's when the consumer is missing.
+	cs.filters = c.FilterSubjects
+	if cs.info != nil {
+		cs.filters = cs.info.Config.FilterSubjects
+		if f := cs.info.Config.FilterSubject; f != "" {
+			cs.filters = []string{f}
+		}
+	}
+	if len(cs.filters) == 0 {
+		cs.filters = []string{">"}
+	}
+	for _, f := range cs.filters {
+		last, err := st.GetLastMsgForSubject(ctx, f)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+		case err != nil:
+			return cs, fmt.Errorf("audit: last message on %s of %s: %w", f, c.Stream, err)
+		default:
+			cs.lastSeq = max(cs.lastSeq, last.Sequence)
+		}
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(f))
+		if err != nil {
+			return cs, fmt.Errorf("audit: messages on %s of %s: %w", f, c.Stream, err)
+		}
+		for _, n := range info.State.Subjects {
+			cs.messages += n
+		}
+	}
+	return cs, nil
 }

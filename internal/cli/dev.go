@@ -35,7 +35,55 @@ type devEnv struct {
 // devStopTimeout bounds the shutdown after Ctrl-C; a second Ctrl-C kills.
 const devStopTimeout = time.Minute
 
+// runDev is `onceflow dev`: the whole system in one process until ctx ends.
 func runDev(ctx context.Context, inv invocation, args []string) error {
+	cfg, flags, err := parseDev(inv, args)
+	if err != nil {
+		return err
+	}
+	if flags.pprofAddr != "" {
+		stop, err := servePprof(flags.pprofAddr, inv.logger)
+		if err != nil {
+			return fmt.Errorf("dev: %w", err)
+		}
+		defer stop()
+	}
+	e, err := dev.Start(ctx, cfg, inv.logger)
+	if err != nil {
+		return fmt.Errorf("dev: %w", err)
+	}
+	printEnv(inv.stdout, e, cfg)
+	if flags.seed {
+		seeded, err := dev.Seed(ctx, e)
+		if err != nil {
+			return errors.Join(fmt.Errorf("dev: %w", err), stopDev(ctx, e))
+		}
+		printSeeded(inv.stdout, e, seeded)
+	}
+	fmt.Fprintln(inv.stdout, "Press Ctrl-C to stop.")
+
+	<-e.Done() // ctx ended (a signal) or a service failed
+	inv.logger.InfoContext(ctx, "services stopped; stopping NATS and PostgreSQL")
+	if err := stopDev(ctx, e); err != nil {
+		return err
+	}
+	if cfg.DatabaseURL == "" && cfg.DataDir == "" {
+		fmt.Fprintln(inv.stdout, "Stopped; its temporary data is removed.")
+	} else {
+		fmt.Fprintln(inv.stdout, "Stopped; its data is kept.")
+	}
+	return nil
+}
+
+// devFlags are the flags of onceflow dev that are not the environment's
+// configuration.
+type devFlags struct {
+	seed      bool
+	pprofAddr string
+}
+
+// parseDev parses onceflow dev's flags and environment.
+func parseDev(inv invocation, args []string) (dev.Config, devFlags, error) {
 	defaults := dev.DefaultPorts()
 	fs := flagSet("dev", commandUsage("dev"), `
 Runs every service in one process, on an embedded NATS server with
@@ -58,10 +106,10 @@ as 'onceflow <service>' does.`)
 	pgPort := fs.Int("pg-port", defaults.Postgres, "`port` of the local PostgreSQL cluster (0: a free port)")
 	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on `ADDR` (e.g. 127.0.0.1:6060), to profile the services under load")
 	if err := parse(fs, args, inv.stdout); err != nil {
-		return helped(err)
+		return dev.Config{}, devFlags{}, helped(err)
 	}
 	if fs.NArg() > 0 {
-		return usageError(fs, "takes no arguments")
+		return dev.Config{}, devFlags{}, usageError(fs, "takes no arguments")
 	}
 	var syncMode dev.NATSSync
 	switch *natsSync {
@@ -71,11 +119,11 @@ as 'onceflow <service>' does.`)
 	case "interval":
 		syncMode = dev.NATSSyncInterval
 	default:
-		return usageError(fs, "--nats-sync wants always or interval")
+		return dev.Config{}, devFlags{}, usageError(fs, "--nats-sync wants always or interval")
 	}
 	denv, err := env.ParseAs[devEnv]()
 	if err != nil {
-		return fmt.Errorf("dev config: %w", err)
+		return dev.Config{}, devFlags{}, fmt.Errorf("dev config: %w", err)
 	}
 
 	cfg := dev.Config{
@@ -93,38 +141,7 @@ as 'onceflow <service>' does.`)
 	if *httpPort != 0 {
 		cfg.Ports.Order, cfg.Ports.Payment, cfg.Ports.Inventory, cfg.Ports.Notify = *httpPort, *httpPort+1, *httpPort+2, *httpPort+3
 	}
-	if *pprofAddr != "" {
-		stop, err := servePprof(*pprofAddr, inv.logger)
-		if err != nil {
-			return fmt.Errorf("dev: %w", err)
-		}
-		defer stop()
-	}
-	e, err := dev.Start(ctx, cfg, inv.logger)
-	if err != nil {
-		return fmt.Errorf("dev: %w", err)
-	}
-	printEnv(inv.stdout, e, cfg)
-	if *seed {
-		seeded, err := dev.Seed(ctx, e)
-		if err != nil {
-			return errors.Join(fmt.Errorf("dev: %w", err), stopDev(ctx, e))
-		}
-		printSeeded(inv.stdout, e, seeded)
-	}
-	fmt.Fprintln(inv.stdout, "Press Ctrl-C to stop.")
-
-	<-e.Done() // ctx ended (a signal) or a service failed
-	inv.logger.InfoContext(ctx, "services stopped; stopping NATS and PostgreSQL")
-	if err := stopDev(ctx, e); err != nil {
-		return err
-	}
-	if cfg.DatabaseURL == "" && cfg.DataDir == "" {
-		fmt.Fprintln(inv.stdout, "Stopped; its temporary data is removed.")
-	} else {
-		fmt.Fprintln(inv.stdout, "Stopped; its data is kept.")
-	}
-	return nil
+	return cfg, devFlags{seed: *seed, pprofAddr: *pprofAddr}, nil
 }
 
 // servePprof serves the runtime profiles on addr until stop is called. The

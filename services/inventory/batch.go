@@ -38,22 +38,12 @@ import (
 // inbox fall back to HandlePaymentDebited per event, which leaves the first
 // decision standing.
 func (s *Service) HandlePaymentDebitedBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, writes *postgres.Pipeline) error {
-	debited := make([]event.PaymentDebitedV1, len(evs))
-	allSKUs := make(map[string]bool)
-	for i, ev := range evs {
-		if ev.Type != event.PaymentDebited {
-			return inbox.Permanent(fmt.Errorf("unexpected event type %s", ev.Type))
-		}
-		if err := ev.Decode(&debited[i]); err != nil {
-			return err
-		}
-		for _, l := range debited[i].Lines {
-			allSKUs[l.SKU] = true
-		}
+	debited, allSKUs, err := decodeDebited(evs)
+	if err != nil {
+		return err
 	}
-
 	// Locking before deciding makes the decisions hold until commit.
-	stock, err := s.queries.LockStock(ctx, tx, slices.Sorted(maps.Keys(allSKUs)))
+	stock, err := s.queries.LockStock(ctx, tx, allSKUs)
 	if err != nil {
 		return fmt.Errorf("lock stock of %d skus: %w", len(allSKUs), err)
 	}
@@ -118,6 +108,25 @@ func (s *Service) HandlePaymentDebitedBatch(ctx context.Context, tx pgx.Tx, evs 
 		}
 	}
 	return outbox.QueueBatch(ctx, writes, emitted)
+}
+
+// decodeDebited decodes the PaymentDebited events evs and returns the SKUs
+// of all their lines, sorted.
+func decodeDebited(evs []event.Envelope) ([]event.PaymentDebitedV1, []string, error) {
+	debited := make([]event.PaymentDebitedV1, len(evs))
+	allSKUs := make(map[string]bool)
+	for i, ev := range evs {
+		if ev.Type != event.PaymentDebited {
+			return nil, nil, inbox.Permanent(fmt.Errorf("unexpected event type %s", ev.Type))
+		}
+		if err := ev.Decode(&debited[i]); err != nil {
+			return nil, nil, err
+		}
+		for _, l := range debited[i].Lines {
+			allSKUs[l.SKU] = true
+		}
+	}
+	return debited, slices.Sorted(maps.Keys(allSKUs)), nil
 }
 
 // decrementStock queues the net decrement of each SKU, in SKU order.

@@ -208,28 +208,7 @@ func (m *Mailer) sendBatch(ctx context.Context) (claimed, tried int, err error) 
 
 	results := m.sendAll(ctx, ns)
 
-	var (
-		sent   []int64
-		failed = dbsqlc.MarkNotificationAttemptsFailedParams{
-			MaxAttempts: int32(min(m.cfg.MaxAttempts, 1<<31-1)),
-		}
-	)
-	for i, n := range ns {
-		r := results[i]
-		if r.tried {
-			tried++
-		}
-		switch {
-		case !r.tried:
-		case r.err == nil:
-			sent = append(sent, n.ID)
-		default:
-			failed.Ids = append(failed.Ids, n.ID)
-			failed.LastErrors = append(failed.LastErrors, truncate(r.err.Error(), maxErrorLength))
-			failed.RetryAfters = append(failed.RetryAfters,
-				pgtype.Interval{Microseconds: m.backoff(n.Attempts + 1).Microseconds(), Valid: true})
-		}
-	}
+	sent, failed, tried := m.outcomes(ns, results)
 
 	markCtx, cancelMark := context.WithTimeout(work, dbTimeout)
 	defer cancelMark()
@@ -252,6 +231,36 @@ func (m *Mailer) sendBatch(ctx context.Context) (claimed, tried int, err error) 
 		return len(ns), tried, fmt.Errorf("commit %d notifications: %w", len(ns), err)
 	}
 
+	m.report(ctx, ns, results, status)
+	return len(ns), tried, nil
+}
+
+// outcomes sorts the claimed notifications ns by their results: the ids of
+// those sent, the failed attempts to record, and how many were tried.
+func (m *Mailer) outcomes(ns []dbsqlc.ClaimDueNotificationsRow, results []sendResult) (sent []int64, failed dbsqlc.MarkNotificationAttemptsFailedParams, tried int) {
+	failed.MaxAttempts = int32(min(m.cfg.MaxAttempts, 1<<31-1))
+	for i, n := range ns {
+		r := results[i]
+		if r.tried {
+			tried++
+		}
+		switch {
+		case !r.tried:
+		case r.err == nil:
+			sent = append(sent, n.ID)
+		default:
+			failed.Ids = append(failed.Ids, n.ID)
+			failed.LastErrors = append(failed.LastErrors, truncate(r.err.Error(), maxErrorLength))
+			failed.RetryAfters = append(failed.RetryAfters,
+				pgtype.Interval{Microseconds: m.backoff(n.Attempts + 1).Microseconds(), Valid: true})
+		}
+	}
+	return sent, failed, tried
+}
+
+// report counts and logs the outcomes of a committed batch; status holds
+// the status each failed attempt left its notification in.
+func (m *Mailer) report(ctx context.Context, ns []dbsqlc.ClaimDueNotificationsRow, results []sendResult, status map[int64]string) {
 	for i, n := range ns {
 		r := results[i]
 		switch {
@@ -268,7 +277,6 @@ func (m *Mailer) sendBatch(ctx context.Context) (claimed, tried int, err error) 
 			m.logger.WarnContext(ctx, "e-mail not sent; will retry", "message_id", n.MessageID, "attempt", n.Attempts+1, "error", r.err)
 		}
 	}
-	return len(ns), tried, nil
 }
 
 // sendResult is the outcome of one claimed e-mail of a batch.
