@@ -11,6 +11,7 @@ import (
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/outbox"
 	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 func TestEnqueueBatchWritesInOrderAsEnqueueDoes(t *testing.T) {
@@ -33,8 +34,7 @@ func TestEnqueueBatchWritesInOrderAsEnqueueDoes(t *testing.T) {
 		ev.Data = fmt.Appendf(nil, `{"seq":%d, "a":[1,2]}`, i)
 		evs = append(evs, ev)
 	}
-	tx, err := f.db.Pool.Begin(ctx)
-	require.NoError(t, err)
+	tx := testenv.Begin(t, f.db.Pool)
 	require.NoError(t, outbox.EnqueueBatch(ctx, tx, nil), "an empty batch writes nothing")
 	require.NoError(t, outbox.EnqueueBatch(ctx, tx, evs))
 	require.NoError(t, tx.Commit(ctx))
@@ -89,8 +89,7 @@ func TestEnqueueBatchRefusesAnInvalidEventAndWritesNothing(t *testing.T) {
 		bad := newEvent(t, event.OrderPlaced, "order-1", 2)
 		tt.mutate(&bad)
 		evs := []event.Envelope{newEvent(t, event.OrderPlaced, "order-1", 1), bad, newEvent(t, event.OrderPlaced, "order-1", 3)}
-		tx, err := f.db.Pool.Begin(ctx)
-		require.NoError(t, err)
+		tx := testenv.Begin(t, f.db.Pool)
 		require.ErrorIs(t, outbox.EnqueueBatch(ctx, tx, evs), event.ErrInvalid, tt.name)
 		require.NoError(t, tx.Commit(ctx))
 	}

@@ -99,9 +99,7 @@ func orderEvents(t *testing.T, n int) []event.Envelope {
 func enqueue(t *testing.T, pool *pgxpool.Pool, evs ...event.Envelope) {
 	t.Helper()
 	ctx := t.Context()
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
+	tx := testenv.Begin(t, pool)
 	for _, ev := range evs {
 		require.NoError(t, outbox.Enqueue(ctx, tx, ev))
 	}
@@ -188,8 +186,7 @@ func TestEnqueuePublishesCommittedEventsOnce(t *testing.T) {
 	f.provision(t, 0)
 
 	rolledBack := newEvent(t, event.OrderPlaced, "order-1", 1)
-	tx, err := f.db.Pool.Begin(ctx)
-	require.NoError(t, err)
+	tx := testenv.Begin(t, f.db.Pool)
 	require.NoError(t, outbox.Enqueue(ctx, tx, rolledBack))
 	require.NoError(t, tx.Rollback(ctx))
 
@@ -253,9 +250,8 @@ func TestEnqueueRefusesInvalidEvents(t *testing.T) {
 	for _, tt := range tests {
 		ev := newEvent(t, event.OrderPlaced, "order-1", 1)
 		tt.mutate(&ev)
-		tx, err := f.db.Pool.Begin(ctx)
-		require.NoError(t, err)
-		err = outbox.Enqueue(ctx, tx, ev)
+		tx := testenv.Begin(t, f.db.Pool)
+		err := outbox.Enqueue(ctx, tx, ev)
 		require.ErrorIs(t, err, event.ErrInvalid, tt.name)
 		require.NoError(t, tx.Commit(ctx))
 	}

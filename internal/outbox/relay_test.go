@@ -128,8 +128,7 @@ func TestNoCommitWaitsForThePoll(t *testing.T) {
 				ev := newEvent(t, event.OrderPlaced, fmt.Sprintf("order-%d", p), i+1)
 				// Transactions of varying length, with pauses between, so
 				// that commits land in every phase of the relay's loop.
-				tx, err := f.db.Pool.Begin(t.Context())
-				require.NoError(t, err)
+				tx := testenv.Begin(t, f.db.Pool)
 				require.NoError(t, outbox.Enqueue(t.Context(), tx, ev))
 				time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
 				require.NoError(t, tx.Commit(t.Context()))
@@ -678,9 +677,7 @@ func TestRelayStaysAwakeWhileCommitsHoldTheSleepLock(t *testing.T) {
 
 	// A producer in the middle of its transaction, as the outbox trigger
 	// leaves it: it gets the lock shared once the relay wakes up.
-	held, err := f.db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = held.Rollback(ctx) }()
+	held := testenv.Begin(t, f.db.Pool)
 	locked := make(chan error, 1)
 	go func() {
 		_, err := held.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1)", outbox.SleepLockKey)
@@ -846,9 +843,7 @@ func TestLateCommitGoesOutBeforeItsAggregatesNextEvent(t *testing.T) {
 	f := setup(t)
 	f.provision(t, 0)
 
-	late, err := f.db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = late.Rollback(ctx) }()
+	late := testenv.Begin(t, f.db.Pool)
 	lateFirst := newEvent(t, event.OrderPlaced, "order-late", 1)
 	require.NoError(t, outbox.Enqueue(ctx, late, lateFirst)) // the lowest id, not yet committed
 	others := make([]event.Envelope, 6)
@@ -896,8 +891,7 @@ func TestFlushCrossesIDGaps(t *testing.T) {
 	f := setup(t)
 	f.provision(t, 0)
 	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 1))
-	tx, err := f.db.Pool.Begin(ctx)
-	require.NoError(t, err)
+	tx := testenv.Begin(t, f.db.Pool)
 	for i := range 10 {
 		require.NoError(t, outbox.Enqueue(ctx, tx, newEvent(t, event.OrderPlaced, "order-2", i+1)))
 	}
@@ -931,8 +925,7 @@ func TestFlushHoldsTheRelayLock(t *testing.T) {
 
 	// A relay that holds the lock for a transaction, as relays used to,
 	// keeps a flush out all the same.
-	tx, err := f.db.Pool.Begin(ctx)
-	require.NoError(t, err)
+	tx := testenv.Begin(t, f.db.Pool)
 	var locked bool
 	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", outbox.DefaultLockKey).Scan(&locked))
 	require.True(t, locked)

@@ -134,6 +134,23 @@ func (d *Database) TerminateBackends(ctx context.Context) error {
 	return nil
 }
 
+// Begin starts a transaction on db (a pool or a connection) that is rolled
+// back when the test ends unless it ended before: a failed assertion then
+// cannot leave it open, holding its locks, and its connection, which the
+// pool's Close waits for, until the go test timeout. A Begin from a
+// goroutine of the test is rolled back too.
+func Begin(t testing.TB, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+}) pgx.Tx {
+	t.Helper()
+	tx, err := db.Begin(t.Context())
+	if err != nil {
+		t.Fatalf("testenv: begin: %v", err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
+}
+
 // pgServer is the PostgreSQL server of the test binary.
 type pgServer struct {
 	logger   *slog.Logger
