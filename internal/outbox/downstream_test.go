@@ -46,10 +46,7 @@ func TestRelayDeathCausesNoDuplicateEffectDownstream(t *testing.T) {
 			_, err := tx.Exec(ctx, `INSERT INTO effects (event_id) VALUES ($1)`, ev.ID)
 			return err
 		}, f.logger)
-	runCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- consumer.Run(runCtx) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	run(t, consumer)
 
 	require.Eventually(t, func() bool {
 		s := consumer.Stats()

@@ -56,8 +56,9 @@ func (f *fixture) relay(cfg outbox.RelayConfig) *outbox.Relay {
 	return outbox.NewRelay(f.db.Pool, f.js, cfg, f.logger)
 }
 
-// run runs r until the test ends, and then checks that Run returned nil.
-func run(t *testing.T, r *outbox.Relay) {
+// run runs r (a relay, or an inbox consumer) until the test ends, and then
+// checks that Run returned nil.
+func run(t *testing.T, r interface{ Run(context.Context) error }) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -121,10 +121,7 @@ func TestHandlerThatEmitsAndFailsLeavesNoOutboxRow(t *testing.T) {
 					require.NoError(t, err)
 				}
 				<-f.js.PublishAsyncComplete()
-				runCtx, cancel := context.WithCancel(context.Background())
-				done := make(chan error, 1)
-				go func() { done <- consumer.Run(runCtx) }()
-				t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+				run(t, consumer)
 
 				require.Eventually(t, func() bool {
 					s := consumer.Stats()
