@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -25,6 +26,7 @@ import (
 	"github.com/onceflow/onceflow/internal/dev"
 	"github.com/onceflow/onceflow/internal/dlq"
 	"github.com/onceflow/onceflow/internal/dlq/dlqtest"
+	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
@@ -61,7 +63,7 @@ func TestAudit(t *testing.T) {
 		}
 		var out bytes.Buffer
 		require.NoError(t, report.Print(&out))
-		require.Contains(t, out.String(), "All 9 checks hold.")
+		require.Contains(t, out.String(), "All 10 checks hold.")
 		t.Logf("clean audit:\n%s", out.String())
 	})
 
@@ -150,11 +152,44 @@ func TestAudit(t *testing.T) {
 			violation: `sku "plum" has -1 available`,
 		},
 		{
+			// What a retried absolute PUT did before stock was a ledger:
+			// units back on the shelf that a reservation took.
+			name: "a stock level that does not add up",
+			corrupt: func(t *testing.T) func() {
+				s.exec(t, "inventory", `UPDATE stock SET available = available + 3 WHERE sku = 'apple'`)
+				return func() { s.exec(t, "inventory", `UPDATE stock SET available = available - 3 WHERE sku = 'apple'`) }
+			},
+			want:      []string{audit.CheckStock},
+			violation: `sku "apple": available 98 + reserved 5 = 103, but its movements add up to 100 (+3)`,
+		},
+		{
+			// A second OrderConfirmed under a new id: notify's unique
+			// (order, kind) absorbs it, any other subscriber would act
+			// twice.
+			name: "a second terminal event",
+			corrupt: func(t *testing.T) func() {
+				return s.republish(t, event.OrderConfirmed, s.confirmed)
+			},
+			want:      []string{audit.CheckEvents},
+			violation: fmt.Sprintf("order %s has 2 terminal events: CONFIRMED ", s.confirmed),
+		},
+		{
+			name: "a second PaymentDebited",
+			corrupt: func(t *testing.T) func() {
+				return s.republish(t, event.PaymentDebited, s.confirmed)
+			},
+			want:      []string{audit.CheckEvents},
+			violation: fmt.Sprintf("order %s has 2 onceflow.payment.debited.v1 events with different ids: ", s.confirmed),
+		},
+		{
 			name: "more reserved than ordered",
 			corrupt: func(t *testing.T) func() {
+				// The unit came off the shelf too: stock is conserved.
 				s.exec(t, "inventory", `UPDATE reservation_lines SET quantity = quantity + 1 WHERE order_id = $1`, s.confirmed)
+				s.exec(t, "inventory", `UPDATE stock SET available = available - 1 WHERE sku = 'apple'`)
 				return func() {
 					s.exec(t, "inventory", `UPDATE reservation_lines SET quantity = quantity - 1 WHERE order_id = $1`, s.confirmed)
+					s.exec(t, "inventory", `UPDATE stock SET available = available + 1 WHERE sku = 'apple'`)
 				}
 			},
 			want:      []string{audit.CheckReservations},
@@ -164,8 +199,10 @@ func TestAudit(t *testing.T) {
 			name: "reservation lines without a reservation",
 			corrupt: func(t *testing.T) func() {
 				s.exec(t, "inventory", `INSERT INTO reservation_lines (order_id, sku, quantity) VALUES ('00000000-0000-7000-8000-000000000004', 'apple', 2)`)
+				s.exec(t, "inventory", `UPDATE stock SET available = available - 2 WHERE sku = 'apple'`)
 				return func() {
 					s.exec(t, "inventory", `DELETE FROM reservation_lines WHERE order_id = '00000000-0000-7000-8000-000000000004'`)
+					s.exec(t, "inventory", `UPDATE stock SET available = available + 2 WHERE sku = 'apple'`)
 				}
 			},
 			want:      []string{audit.CheckReservations},
@@ -330,13 +367,13 @@ func TestAudit(t *testing.T) {
 		var stdout, stderr bytes.Buffer
 		require.NoError(t, cli.Run(t.Context(), []string{"audit", "--wait", "30s"}, &stdout, &stderr), stderr.String())
 		require.Contains(t, stdout.String(), "ok    money ")
-		require.Contains(t, stdout.String(), "All 9 checks hold.")
+		require.Contains(t, stdout.String(), "All 10 checks hold.")
 
 		s.exec(t, "order", `UPDATE orders SET status = 'PAID' WHERE id = $1`, s.confirmed)
 		defer s.exec(t, "order", `UPDATE orders SET status = 'CONFIRMED' WHERE id = $1`, s.confirmed)
 		stdout.Reset()
 		err := cli.Run(t.Context(), []string{"audit", "--wait", "0s"}, &stdout, &stderr)
-		require.EqualError(t, err, "audit: 1 violation in 1 of 9 checks (orders)")
+		require.EqualError(t, err, "audit: 1 violation in 1 of 10 checks (orders)")
 		require.Contains(t, stdout.String(), "FAIL  orders ")
 		require.Contains(t, stdout.String(), fmt.Sprintf("✗ order %s is PAID, but payment DEBITED and reservation RESERVED make it CONFIRMED", s.confirmed))
 		t.Logf("failed audit:\n%s", stdout.String())
@@ -403,6 +440,54 @@ func (s *saga) audit(t *testing.T, wait time.Duration) audit.Report {
 	return report
 }
 
+// republish publishes the event of type typ of order again, under a new
+// id, as its owner would, waits until its subscribers processed it, and
+// returns how to take it off its stream.
+func (s *saga) republish(t *testing.T, typ event.Type, order string) (repair func()) {
+	t.Helper()
+	subject, err := typ.NATSSubject()
+	require.NoError(t, err)
+	stream, err := s.js.StreamNameBySubject(t.Context(), subject)
+	require.NoError(t, err)
+	st, err := s.js.Stream(t.Context(), stream)
+	require.NoError(t, err)
+	last, err := st.GetLastMsgForSubject(t.Context(), subject)
+	require.NoError(t, err)
+	var first *jetstream.RawStreamMsg
+	for seq := last.Sequence; first == nil; seq-- {
+		require.NotZero(t, seq, "no %s of order %s on %s", typ, order, stream)
+		m, err := st.GetMsg(t.Context(), seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue // taken off by an earlier repair
+		}
+		require.NoError(t, err)
+		if m.Subject == subject && m.Header.Get(event.HeaderSubject) == order {
+			first = m
+		}
+	}
+	again := nats.Header{}
+	for k, v := range first.Header {
+		again[k] = v
+	}
+	id := uuid.Must(uuid.NewV7()).String()
+	again.Set(event.HeaderID, id)
+	again.Set(jetstream.MsgIDHeader, id)
+	ack, err := s.js.PublishMsg(t.Context(), &nats.Msg{Subject: subject, Header: again, Data: first.Data})
+	require.NoError(t, err)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		for _, durable := range streams.Saga(streams.Config{}).Consumers {
+			if durable.Stream != stream {
+				continue
+			}
+			cons, err := s.js.Consumer(t.Context(), stream, durable.Durable)
+			require.NoError(c, err)
+			info := cons.CachedInfo()
+			require.Zero(c, info.NumPending+uint64(info.NumAckPending), durable.Durable)
+		}
+	}, settle, 20*time.Millisecond)
+	return func() { require.NoError(t, st.DeleteMsg(context.Background(), ack.Sequence)) }
+}
+
 // exec runs sql on the service's database.
 func (s *saga) exec(t *testing.T, service, sql string, args ...any) {
 	t.Helper()
@@ -414,7 +499,7 @@ func requireClean(t *testing.T, report audit.Report) {
 	t.Helper()
 	require.Empty(t, report.Unquiet, printed(t, report))
 	require.True(t, report.OK(), printed(t, report))
-	require.Len(t, report.Checks, 9)
+	require.Len(t, report.Checks, 10)
 }
 
 func printed(t *testing.T, report audit.Report) string {

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
+
+	"github.com/onceflow/onceflow/internal/event"
 )
 
 // Statuses and kinds as the services store them (see the CHECK constraints
@@ -103,6 +105,7 @@ func (s *snapshot) checks() []Check {
 		f.checkStock(),
 		f.checkReservations(),
 		f.checkOrders(),
+		f.checkEvents(),
 		f.checkOutbox(),
 		f.checkConsumers(),
 		f.checkNotifications(),
@@ -236,21 +239,40 @@ func (f facts) checkMoney() Check {
 }
 
 func (f facts) checkStock() Check {
-	c := Check{Name: CheckStock, Description: "no stock level is negative"}
-	var units int64
+	c := Check{Name: CheckStock, Description: "stock is conserved: no level negative, available + reserved = the ledger's movements, per SKU"}
+	reserved := map[string]int64{}
+	for _, r := range f.snapshot.reservations {
+		for sku, q := range r.lines {
+			reserved[sku] += q
+		}
+	}
+	// Stray lines took their units too, as far as the stock can tell (the
+	// reservations check reports them).
+	for _, lines := range f.snapshot.strayLines {
+		for sku, q := range lines {
+			reserved[sku] += q
+		}
+	}
+	var units, ledger int64
 	low := -1 // index of the lowest level
 	for i, s := range f.stock {
 		units += s.available
+		ledger += s.ledger
 		if low < 0 || s.available < f.stock[low].available {
 			low = i
 		}
 		if s.available < 0 {
 			c.Violations = append(c.Violations, fmt.Sprintf("sku %q has %d available", s.sku, s.available))
 		}
+		if got := s.available + reserved[s.sku]; got != s.ledger {
+			c.Violations = append(c.Violations, fmt.Sprintf("sku %q: available %d + reserved %d = %d, but its movements add up to %d (%+d)",
+				s.sku, s.available, reserved[s.sku], got, s.ledger, got-s.ledger))
+		}
 	}
 	c.Figures = []Figure{
 		{"skus", int64(len(f.stock))},
 		{"units available", units},
+		{"units in the ledger", ledger},
 	}
 	if low >= 0 {
 		c.Figures = append(c.Figures, Figure{"lowest level", fmt.Sprintf("%d (%s)", f.stock[low].available, f.stock[low].sku)})
@@ -292,7 +314,6 @@ func (f facts) checkReservations() Check {
 	c.Figures = []Figure{
 		{"reservations by status", byStatus},
 		{"units reserved", units},
-		{"not checkable", "available + reserved = level set (PUT /stock overwrites the level and keeps no history)"},
 	}
 	return c
 }
@@ -329,6 +350,75 @@ func (f facts) checkOrders() Check {
 		{"orders by status", byStatus},
 	}
 	return c
+}
+
+// terminalEvents are the order statuses of the terminal events' types.
+var terminalEvents = map[event.Type]string{
+	event.OrderConfirmed: orderConfirmed,
+	event.OrderRejected:  orderRejected,
+	event.OrderCancelled: orderCancelled,
+}
+
+func (f facts) checkEvents() Check {
+	c := Check{Name: CheckEvents, Description: "per order, no event type on the streams under two ids, and one terminal event, the one of its status"}
+	if f.events == nil {
+		c.Figures = []Figure{{"not verified", "a saga stream holds too many messages to read one by one"}}
+		return c
+	}
+	byType := map[string]int64{}
+	for _, id := range slices.SortedFunc(maps.Keys(f.events), func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) }) {
+		var terminal []string
+		for _, t := range event.Types() {
+			ids := f.events[id][t]
+			if len(ids) == 0 {
+				continue
+			}
+			byType[string(t)] += int64(len(ids))
+			if _, ok := terminalEvents[t]; ok {
+				for _, e := range ids {
+					terminal = append(terminal, fmt.Sprintf("%s %s", terminalEvents[t], e))
+				}
+			} else if len(ids) > 1 {
+				c.Violations = append(c.Violations, fmt.Sprintf("order %s has %d %s events with different ids: %s", id, len(ids), t, joinIDs(ids)))
+			}
+		}
+		if len(terminal) > 1 {
+			c.Violations = append(c.Violations, fmt.Sprintf("order %s has %d terminal events: %s", id, len(terminal), strings.Join(terminal, ", ")))
+		}
+	}
+	for _, o := range f.snapshot.orders {
+		evs := f.events[o.id]
+		// An order whose OrderPlaced left the stream (its max age) may have
+		// lost its other events too.
+		if terminalMail(o.status) == "" || len(evs[event.OrderPlaced]) == 0 {
+			continue
+		}
+		var statuses []string
+		for t, status := range terminalEvents {
+			if len(evs[t]) > 0 {
+				statuses = append(statuses, status)
+			}
+		}
+		switch {
+		case len(statuses) == 0:
+			c.Violations = append(c.Violations, fmt.Sprintf("order %s is %s, but no terminal event of it is on the orders stream", o.id, o.status))
+		case len(statuses) == 1 && statuses[0] != o.status:
+			c.Violations = append(c.Violations, fmt.Sprintf("order %s is %s, but its terminal event says %s", o.id, o.status, statuses[0]))
+		}
+	}
+	c.Figures = []Figure{
+		{"orders with events", int64(len(f.events))},
+		{"events by type", byType},
+	}
+	return c
+}
+
+func joinIDs(ids []uuid.UUID) string {
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = id.String()
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (f facts) checkOutbox() Check {

@@ -14,12 +14,19 @@
 //   - refunds: a payment is refunded if and only if inventory rejected the
 //     order's stock.
 //   - money: per wallet, balance + debited (not refunded) payments = credits.
-//   - stock: no stock level is negative.
+//   - stock: no stock level is negative, and stock is conserved: per SKU,
+//     available + reserved = the sum of its ledger (receipts, adjustments
+//     and counts, in stock_movements).
 //   - reservations: what inventory reserved for an order is what the order
-//     asked for. The stronger "available + reserved = what was set" cannot be
-//     checked: PUT /stock overwrites the level and keeps no history.
+//     asked for.
 //   - orders: every order is terminal, and its status is the one its payment
 //     and reservation imply.
+//   - events: on the saga's streams, per order, no event type appears under
+//     two ids (every type is once per order in the contract; a copy of an
+//     event under its own id is one event), and a terminal order has
+//     exactly one terminal event, the one of its status. Only what a type's
+//     owner published on its subject counts; an order whose OrderPlaced
+//     left the stream is not required to have its terminal event there.
 //   - outbox: every outbox row of the four databases is published.
 //   - consumers: every event on a stream has been processed or dead-lettered
 //     by each durable that subscribes to it: the consumer has acked up to the

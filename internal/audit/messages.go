@@ -39,6 +39,11 @@ type streamMsg struct {
 	// eventID is the CloudEvents id; uuid.Nil when the message has none,
 	// which no inbox can have processed.
 	eventID uuid.UUID
+	// eventType and source are the CloudEvents attributes, "" if missing;
+	// order is the CloudEvents subject, uuid.Nil if it is no order id.
+	eventType event.Type
+	source    string
+	order     uuid.UUID
 }
 
 // deadLetter identifies a DLQ entry: the durable that gave up on a message
@@ -118,15 +123,22 @@ func (s *system) readMessages(ctx context.Context) (map[string][]streamMsg, erro
 			return nil, fmt.Errorf("audit: stream %s: %w", spec.Name, err)
 		}
 		var list []streamMsg
-		subjects := make(map[string]string) // one string per subject
-		ok, err := scan(ctx, st, maxScanned, func(seq uint64, subject string, h nats.Header) {
-			if s, ok := subjects[subject]; ok {
-				subject = s
-			} else {
-				subjects[subject] = subject
+		strs := make(map[string]string) // one string per subject, type and source
+		intern := func(s string) string {
+			if i, ok := strs[s]; ok {
+				return i
 			}
-			id, _ := uuid.Parse(h.Get(event.HeaderID)) // uuid.Nil if missing or invalid
-			list = append(list, streamMsg{seq: seq, subject: subject, eventID: id})
+			strs[s] = s
+			return s
+		}
+		ok, err := scan(ctx, st, maxScanned, func(seq uint64, subject string, h nats.Header) {
+			// uuid.Nil if missing or invalid
+			id, _ := uuid.Parse(h.Get(event.HeaderID))
+			order, _ := uuid.Parse(h.Get(event.HeaderSubject))
+			list = append(list, streamMsg{
+				seq: seq, subject: intern(subject), eventID: id,
+				eventType: event.Type(intern(h.Get(event.HeaderType))), source: intern(h.Get(event.HeaderSource)), order: order,
+			})
 		})
 		if err != nil {
 			return nil, fmt.Errorf("audit: read stream %s: %w", spec.Name, err)
@@ -293,4 +305,49 @@ func matches(filter, subject string) bool {
 		}
 	}
 	return len(ft) == len(st)
+}
+
+// orderEvents returns the distinct event ids of each type on the saga's
+// streams, per order, counting only what the type's owner published on the
+// type's subject: a message forged by someone else (the e2e suite's poison,
+// all dead-lettered) is no event of the saga. It returns nil when a saga
+// stream was too large to read.
+func orderEvents(msgs map[string][]streamMsg) map[uuid.UUID]map[event.Type][]uuid.UUID {
+	saga := []string{streams.Orders, streams.Payments, streams.Inventory}
+	for _, name := range saga {
+		if _, read := msgs[name]; !read {
+			return nil
+		}
+	}
+	events := make(map[uuid.UUID]map[event.Type][]uuid.UUID)
+	for _, name := range saga {
+		for _, m := range msgs[name] {
+			if m.order == uuid.Nil || m.eventID == uuid.Nil || !published(m) {
+				continue
+			}
+			byType := events[m.order]
+			if byType == nil {
+				byType = make(map[event.Type][]uuid.UUID)
+				events[m.order] = byType
+			}
+			// A copy of an event (a redrive, a publish past the duplicate
+			// window) has its id: one event.
+			if !slices.Contains(byType[m.eventType], m.eventID) {
+				byType[m.eventType] = append(byType[m.eventType], m.eventID)
+			}
+		}
+	}
+	return events
+}
+
+// published reports whether m is an event of a saga type, on its subject,
+// from the service that owns the type ("onceflow.<owner>.<name>.vN").
+func published(m streamMsg) bool {
+	subject, err := m.eventType.NATSSubject()
+	if err != nil || subject != m.subject {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(m.eventType), ".")
+	owner, _, _ := strings.Cut(rest, ".")
+	return m.source == owner
 }

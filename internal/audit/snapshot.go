@@ -16,6 +16,7 @@ import (
 	"github.com/onceflow/onceflow/internal/audit/internal/orderdb"
 	"github.com/onceflow/onceflow/internal/audit/internal/paymentdb"
 	"github.com/onceflow/onceflow/internal/audit/internal/platformdb"
+	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/streams"
 )
 
@@ -42,6 +43,10 @@ type snapshot struct {
 	notifications []notification
 	outboxes      []outboxState // order, payment, inventory, notify
 	consumers     []consumerState
+	// events are the distinct event ids of each type on the saga's
+	// streams, per order (see orderEvents); nil when a stream was too large
+	// to read.
+	events map[uuid.UUID]map[event.Type][]uuid.UUID
 	// dlqElsewhere counts DLQ entries of durables outside the topology.
 	dlqElsewhere map[string]uint64
 }
@@ -70,6 +75,9 @@ type wallet struct {
 type stockLevel struct {
 	sku       string
 	available int64
+	// ledger is the sum of the SKU's stock movements: what was received,
+	// adjusted and counted.
+	ledger int64
 }
 
 type reservation struct {
@@ -245,7 +253,7 @@ func readInventory(ctx context.Context, tx pgx.Tx, snap *snapshot) error {
 	}
 	snap.stock = make([]stockLevel, len(stock))
 	for i, s := range stock {
-		snap.stock[i] = stockLevel{sku: s.Sku, available: s.Available}
+		snap.stock[i] = stockLevel{sku: s.Sku, available: s.Available, ledger: s.Ledger}
 	}
 	byOrder := make(map[uuid.UUID]map[string]int64, len(reservations))
 	for _, l := range lines {
@@ -297,6 +305,7 @@ func (s *system) readConsumers(ctx context.Context, snap *snapshot, processed ma
 	if err != nil {
 		return err
 	}
+	snap.events = orderEvents(msgs)
 	for _, cs := range states {
 		subject := streams.DLQSubjectPrefix + cs.spec.Durable
 		cs.dlq, cs.reasons = dlq.counts[subject], dlq.reasons[cs.spec.Durable]
@@ -310,13 +319,7 @@ func (s *system) readConsumers(ctx context.Context, snap *snapshot, processed ma
 		}
 		snap.consumers = append(snap.consumers, cs)
 	}
-	dlqCounts := dlq.counts
-	if len(dlqCounts) > 0 {
-		snap.dlqElsewhere = make(map[string]uint64, len(dlqCounts))
-		for subject, n := range dlqCounts {
-			snap.dlqElsewhere[strings.TrimPrefix(subject, streams.DLQSubjectPrefix)] = n
-		}
-	}
+	snap.dlqElsewhere = byDurable(dlq.counts)
 	return nil
 }
 
@@ -365,4 +368,17 @@ func (s *system) readConsumer(ctx context.Context, c streams.Consumer, processed
 		}
 	}
 	return cs, nil
+}
+
+// byDurable returns the DLQ entries per subject ("dlq.<durable>") per
+// durable; nil when there are none.
+func byDurable(counts map[string]uint64) map[string]uint64 {
+	if len(counts) == 0 {
+		return nil
+	}
+	durables := make(map[string]uint64, len(counts))
+	for subject, n := range counts {
+		durables[strings.TrimPrefix(subject, streams.DLQSubjectPrefix)] = n
+	}
+	return durables
 }

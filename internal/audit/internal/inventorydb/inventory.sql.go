@@ -69,16 +69,20 @@ func (q *Queries) ListReservations(ctx context.Context, db DBTX) ([]ListReservat
 }
 
 const listStock = `-- name: ListStock :many
-SELECT sku, available
-FROM stock
-ORDER BY sku
+SELECT s.sku, s.available, coalesce(m.ledger, 0)::bigint AS ledger
+FROM stock AS s
+LEFT JOIN (SELECT sku, sum(delta) AS ledger FROM stock_movements GROUP BY sku) AS m USING (sku)
+ORDER BY s.sku
 `
 
 type ListStockRow struct {
 	Sku       string
 	Available int64
+	Ledger    int64
 }
 
+// Each SKU's level and what its ledger adds up to: every receipt,
+// adjustment and count (stock_movements has a foreign key to stock).
 func (q *Queries) ListStock(ctx context.Context, db DBTX) ([]ListStockRow, error) {
 	rows, err := db.Query(ctx, listStock)
 	if err != nil {
@@ -88,7 +92,7 @@ func (q *Queries) ListStock(ctx context.Context, db DBTX) ([]ListStockRow, error
 	items := []ListStockRow{}
 	for rows.Next() {
 		var i ListStockRow
-		if err := rows.Scan(&i.Sku, &i.Available); err != nil {
+		if err := rows.Scan(&i.Sku, &i.Available, &i.Ledger); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
