@@ -184,12 +184,12 @@ func (n *naive) process(ctx context.Context, msgs []jetstream.Msg) error {
 	case !n.mode.batched:
 		// A transaction each, acked together, as the inbox does.
 		for _, ev := range evs {
-			if err := inTxBehind(ctx, n.pool, func(tx pgx.Tx) error { return handleDebit(ctx, tx, ev) }); err != nil {
+			if err := inTx(ctx, n.pool, func(tx pgx.Tx) error { return handleDebit(ctx, tx, ev) }); err != nil {
 				return err
 			}
 		}
 	case n.mode.setBased:
-		err := inTxBehind(ctx, n.pool, func(tx pgx.Tx) error {
+		err := inTx(ctx, n.pool, func(tx pgx.Tx) error {
 			// Planned for its arrays, as the inbox plans a set-based
 			// batch's statements: an :exec, queued ahead of the debit.
 			if _, err := tx.Exec(ctx, planEachCallSQL); err != nil {
@@ -203,7 +203,7 @@ func (n *naive) process(ctx context.Context, msgs []jetstream.Msg) error {
 	default:
 		// In turn on one transaction, as the inbox does when no handler
 		// fails.
-		err := inTxBehind(ctx, n.pool, func(tx pgx.Tx) error {
+		err := inTx(ctx, n.pool, func(tx pgx.Tx) error {
 			for _, ev := range evs {
 				if err := handleDebit(ctx, tx, ev); err != nil {
 					return err
@@ -224,16 +224,3 @@ func (n *naive) process(ctx context.Context, msgs []jetstream.Msg) error {
 	return nil
 }
 
-// inTxBehind is inTx as the inbox runs a handler: BEGIN goes with the
-// first statement that answers, or with the COMMIT, and the handler's
-// :exec writes (postgres.WriteBehind) go with the next statement or the
-// COMMIT too.
-func inTxBehind(ctx context.Context, pool *pgxpool.Pool, f func(pgx.Tx) error) error {
-	begin := postgres.BeginWith(pool)
-	defer begin.End(ctx)
-	wb := postgres.WriteBehind(begin.Tx())
-	if err := f(wb); err != nil {
-		return err
-	}
-	return begin.Commit(ctx, wb.Writes())
-}

@@ -16,8 +16,8 @@ import (
 	"github.com/onceflow/onceflow/internal/postgres"
 )
 
-// The inbox's statements (internal/inbox's ClaimEvent, and ClaimNewEvents,
-// its claim of a batch of first deliveries, which every batch here is) and
+// The inbox's statements (internal/inbox's ClaimEvent and ClaimEvents; the
+// pipelined modes use plain inserts, the cheapest claim there is) and
 // the business write the benchmarks' handlers do: a wallet debit, per event
 // or set-based (payment's DebitWallet and DebitWallets).
 const (
@@ -26,7 +26,7 @@ VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT DO NOTHING
 RETURNING event_id`
 
-	// ClaimNewEvent, the claim of an unbatched first delivery.
+	// A claim without ON CONFLICT, for the pipelined modes.
 	claimNewSQL = `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
 VALUES ($1, $2, $3, $4, $5)`
 
@@ -45,9 +45,8 @@ ORDER BY e.event_id`
 SET balance_cents = balance_cents - $2, updated_at = now()
 WHERE customer_id = $1 AND balance_cents >= $2`
 
-	// The debit as an :exec of sqlc's, which the inbox queues behind a
-	// handler's next read or its COMMIT (postgres.WriteBehind). It cannot
-	// check that a wallet was debited; TestConsumerWorkloadsDebitEveryEventOnce
+	// The debit as an :exec of sqlc's, queued in the pipelined mode. It
+	// cannot check that a wallet was debited; TestConsumerWorkloadsDebitEveryEventOnce
 	// checks the sum.
 	debitExecSQL = "-- name: DebitWallet :exec\n" + debitSQL
 

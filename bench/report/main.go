@@ -190,10 +190,10 @@ func targets() []target {
 	for _, pg := range []string{"durable", "fast"} {
 		p := "pg=" + pg
 		ts = append(ts,
-			target{name: p + ": batched inbox / batched DB limit (its statements)", num: "Inbox/" + p + "/mode=batched/workers=1", den: "DBLimit/" + p + "/mode=pipelined/conns=1", bound: 0.6},
+			target{name: p + ": batched inbox / batched DB limit (its statements)", num: "Inbox/" + p + "/mode=batched/workers=1", den: "DBLimit/" + p + "/mode=batch/conns=1", bound: 0.6},
 			target{name: p + ": set-based inbox / set-based DB limit", num: "Inbox/" + p + "/mode=setbased/workers=1", den: "DBLimit/" + p + "/mode=setbased/conns=1", bound: 0.6},
-			target{name: p + ": unbatched inbox / 1-event-per-tx DB limit (its round trip), 1 connection", num: "Inbox/" + p + "/mode=unbatched/workers=1", den: "DBLimit/" + p + "/mode=tx1pipelined/conns=1", bound: 0.8},
-			target{name: p + ": unbatched inbox / 1-event-per-tx DB limit (its round trip), 4 connections", num: "Inbox/" + p + "/mode=unbatched/workers=4", den: "DBLimit/" + p + "/mode=tx1pipelined/conns=4", bound: 0.8},
+			target{name: p + ": unbatched inbox / 1-event-per-tx DB limit (its statements), 1 connection", num: "Inbox/" + p + "/mode=unbatched/workers=1", den: "DBLimit/" + p + "/mode=tx1/conns=1", bound: 0.8},
+			target{name: p + ": unbatched inbox / 1-event-per-tx DB limit (its statements), 4 connections", num: "Inbox/" + p + "/mode=unbatched/workers=4", den: "DBLimit/" + p + "/mode=tx1/conns=4", bound: 0.8},
 		)
 		for _, m := range []string{"unbatched/workers=1", "unbatched/workers=4", "batched/workers=1", "setbased/workers=1"} {
 			// Time per event is the inverse of the rate.

@@ -30,7 +30,7 @@ func TestReportTakesMediansTheCoresCapAndTheSelfShare(t *testing.T) {
 // would pair a fast round's figure with a slow round's.
 func TestRatiosArePairedByRound(t *testing.T) {
 	inbox := "BenchmarkInbox/pg=durable/mode=batched/workers=1-2   5000   1 ns/op   %d events/s"
-	limit := "BenchmarkDBLimit/pg=durable/mode=pipelined/conns=1-2   5000   1 ns/op   %d events/s"
+	limit := "BenchmarkDBLimit/pg=durable/mode=batch/conns=1-2   5000   1 ns/op   %d events/s"
 	// Medians: inbox 20,000, limit 40,000, 0.50× the limit. Round by round:
 	// 0.80×, 0.40× and 0.80×.
 	rounds := [][2]int{{20_000, 25_000}, {16_000, 40_000}, {40_000, 50_000}}
@@ -65,7 +65,7 @@ func TestRatiosArePairedByRound(t *testing.T) {
 func TestRoundsPairOnlyTheirOwnFigures(t *testing.T) {
 	const (
 		inbox = "BenchmarkInbox/pg=durable/mode=batched/workers=1-2   5000   1 ns/op   %d events/s"
-		limit = "BenchmarkDBLimit/pg=durable/mode=pipelined/conns=1-2   5000   1 ns/op   %d events/s"
+		limit = "BenchmarkDBLimit/pg=durable/mode=batch/conns=1-2   5000   1 ns/op   %d events/s"
 		ratio = `batched inbox / batched DB limit \(its statements\)`
 	)
 	tests := []struct {

@@ -55,54 +55,38 @@ func isPermanent(err error) bool {
 	return errors.Is(err, ErrPermanent) || errors.Is(err, event.ErrInvalid)
 }
 
-// Handler applies one event's effect. It runs inside the inbox transaction,
-// whose claim of the event runs before the handler's statements, and must
-// write through tx only; it never commits or rolls back tx itself. An error
-// rolls back the transaction; wrap it with Permanent if a retry cannot
-// succeed. In batched mode, when another event of the batch fails, a
-// handler that succeeded sees its writes rolled back and is called again
-// for the same event in a new transaction.
-//
-// A first delivery's claim is queued ahead of the handler's first
-// statement and answers with it: the handler may run for
-// an event that turns out to have been processed before (published again
-// past the broker's duplicate window). Its statements then fail with the
-// claim's unique violation, nothing it wrote commits, and the inbox drops
-// the event as a duplicate whatever the handler returned; a handler that
-// fails before its first statement has the claim sent on its own, so that
-// such an event is a duplicate then too.
-//
-// tx queues the handler's sqlc :exec statements (postgres.WriteBehind):
-// they are sent ahead of its next statement that answers, or of the next
-// event's, or with the COMMIT, so a handler that reads once and writes
-// three times costs one round trip, not four. An :exec that fails fails
-// its event all the same, but its error comes back from a later statement
-// (or not to the handler at all): a handler that must act on a write's
-// outcome uses :execrows, :one or ON CONFLICT.
+// Handler applies one event's effect. It runs inside the inbox
+// transaction, after the claim of the event, and writes through tx only: a
+// plain pgx.Tx, whose statements answer where they are called (a unique
+// violation comes back from the insert that caused it). It never commits
+// or rolls back tx itself. An error rolls back the transaction and the
+// message is retried; wrap it with Permanent if a retry cannot succeed. In
+// batched mode, when another event of the batch fails, a handler that
+// succeeded sees its writes rolled back and is called again for the same
+// event in a transaction of its own.
 type Handler func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
 
-// BatchHandler is the optional set-based form of a Handler: it applies the
-// effects of all the new events of a batch at once (e.g. one UPDATE … FROM
-// unnest(…) instead of one UPDATE per event), inside the inbox transaction,
-// whose claim of the batch runs before the handler's statements. It
-// receives them in delivery order and must leave the database exactly as the
-// Handler would, called for each event in that order. As with a Handler, a
-// batch of first deliveries is claimed ahead of the handler's first
-// statement, on the bet that all its events are new: if one is not, the
-// handler's statements fail, nothing commits, and it is called again with
-// the new events only. It writes through tx, whose statements PostgreSQL
-// plans for their arguments each time (the PlanEachCall query): a batch's
-// arrays would defeat a cached generic plan. The writes that need no answer
-// (the batch's updates, inserts and outbox rows) it queues on writes: the
-// inbox sends them with the COMMIT, in one round trip, and runs them with
-// their generic plans, made once per connection. An update joined to arrays
-// must then name its keys with = ANY as well as joining on them: a join
-// alone, planned while the table was nearly empty, scans the whole table at
-// every call until the table is analyzed (see SetOrderStatuses in
-// db/queries/order and db/plans_test.go). An error, returned
-// or of a queued write, rolls back the transaction and the consumer runs the
-// batch again with the Handler for each event, so that one bad event fails
-// only itself.
+// BatchHandler is the optional set-based form of a Handler, the last
+// optimisation to read: it applies the effects of all the new events of a
+// batch at once (e.g. one UPDATE … FROM unnest(…) instead of one UPDATE per
+// event), inside the inbox transaction, after their claim. It receives them
+// in delivery order and must leave the database exactly as the Handler
+// would, called for each event in that order, and must lock the rows it
+// updates in key order, so that two batches cannot deadlock.
+//
+// It reads through tx, whose statements PostgreSQL plans for their
+// arguments each time (the PlanEachCall query): a batch's arrays would
+// defeat a cached generic plan. The writes that need no answer (the batch's
+// updates, inserts and outbox rows) it queues on writes, an explicit
+// pipeline: the inbox sends them with the COMMIT, in one round trip, and
+// runs them with their generic plans, made once per connection. An update
+// joined to arrays must then name its keys with = ANY as well as joining on
+// them: a join alone, planned while the table was nearly empty, scans the
+// whole table at every call until the table is analyzed (see
+// SetOrderStatuses in db/queries/order and db/plans_test.go). An error,
+// returned or of a queued write, rolls back the transaction, and each event
+// of the batch is processed again with the Handler, in a transaction of its
+// own, so that one bad event fails only itself.
 type BatchHandler func(ctx context.Context, tx pgx.Tx, evs []event.Envelope, writes *postgres.Pipeline) error
 
 // Config configures a Consumer. Zero values take the defaults.
@@ -115,11 +99,10 @@ type Config struct {
 	// BatchSize is the most messages a batch holds (default 64); as many
 	// more may wait in hand or be asked for while one is processed.
 	BatchSize int
-	// Batched processes a batch in one transaction instead of one
-	// transaction per message (whose acks leave together, after the last
-	// of the batch's commits). It is faster under load; a message that
-	// comes alone is a batch at once (package jsbatch), so it costs no
-	// latency under light load.
+	// Batched processes a batch in one transaction (batch.go) instead of
+	// one transaction per message (processOne). It is faster under load; a
+	// message that comes alone is a batch at once (package jsbatch), so it
+	// costs no latency under light load.
 	Batched bool
 	// BatchHandler, when set, processes the new events of a batch in Batched
 	// mode in one call; the Handler remains the fallback when it fails, and

@@ -31,13 +31,7 @@ import (
 // ev.TraceParent of another trace than ctx's is kept (see traceEnqueue).
 //
 // An invalid envelope is refused with an error wrapping event.ErrInvalid.
-//
-// On a transaction that queues its writes (postgres.WriteBehind), the
-// write is queued with them; its failure is then the transaction's.
 func Enqueue(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-	if wb, ok := tx.(writeBehind); ok {
-		return Queue(ctx, wb.Writes(), ev)
-	}
 	var p postgres.Pipeline
 	if err := Queue(ctx, &p, ev); err != nil {
 		return err
@@ -46,12 +40,6 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		return fmt.Errorf("enqueue %s %s: %w", ev.Type, ev.ID, err)
 	}
 	return nil
-}
-
-// writeBehind is a transaction that queues its writes on a pipeline, sent
-// with its next statement that answers or its COMMIT.
-type writeBehind interface {
-	Writes() *postgres.Pipeline
 }
 
 // Queue is Enqueue whose statement goes on p, to be sent in the caller's

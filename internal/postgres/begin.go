@@ -57,7 +57,7 @@ func (b *TxStart) SendBatch(ctx context.Context, batch *pgx.Batch) pgx.BatchResu
 	b.ahead = nil
 	sent := &pgx.Batch{}
 	if b.tx == nil {
-		if b.err == nil {
+		if b.err == nil && b.conn == nil {
 			b.conn, b.err = b.pool.Acquire(ctx)
 			if b.err != nil {
 				b.err = fmt.Errorf("acquire a connection: %w", b.err)
@@ -75,8 +75,11 @@ func (b *TxStart) SendBatch(ctx context.Context, batch *pgx.Batch) pgx.BatchResu
 	sent.QueuedQueries = append(sent.QueuedQueries, batch.QueuedQueries...)
 	br := b.conn.Conn().SendBatch(ctx, sent)
 	if b.tx == nil {
-		if _, err := br.Exec(); err != nil { // BEGIN, or a statement that could not be prepared
+		if _, err := br.Exec(); err != nil { // BEGIN's, or a statement's that could not be sent
 			_ = br.Close()
+			if qe := (&Pipeline{batch: *sent}).queryError(0, sent.QueuedQueries[0], err); qe.Index != 0 {
+				err = qe // named: it is not BEGIN's
+			}
 			b.err = err // what follows fails with it
 			ahead.done(err)
 			return errBatch{err}
@@ -264,3 +267,12 @@ func (t txStart) Rollback(ctx context.Context) error {
 type errRow struct{ err error }
 
 func (r errRow) Scan(...any) error { return r.err }
+
+// errBatch is the results of a batch that was not sent.
+type errBatch struct{ err error }
+
+func (b errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
+func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
+func (b errBatch) QueryRow() pgx.Row                { return errRow{b.err} }
+func (b errBatch) Close() error                     { return b.err }
+func (b errBatch) Tx() pgx.Tx                       { return nil }

@@ -12,8 +12,9 @@
 // and the writes queued for it), Pipeline sends statements that need no
 // answer from each other in one round trip (with Then, ahead of the next
 // statement, which may answer; a failure is a QueryError that names the
-// statement), and WriteBehind queues a transaction's sqlc :exec statements
-// until one that answers (or the COMMIT) carries them.
+// statement), and a statement that pgx could not encode or the server
+// could not prepare is blamed by its SQL, not on the statements sent with
+// it.
 // IsLockNotAvailable recognises a lock_timeout that ran out, and
 // IsUniqueViolation a unique key's violation.
 package postgres

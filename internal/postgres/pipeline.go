@@ -113,10 +113,35 @@ func (p *Pipeline) results(br pgx.BatchResults, n int) error {
 		}
 		if err != nil {
 			_ = br.Close()
-			return &QueryError{Query: queryName(q.SQL), Index: i, Err: err}
+			return p.queryError(i, q, err)
 		}
 	}
 	return nil
+}
+
+// queryError is the failure err of the statement q, queued at i, which
+// reported it. A statement that pgx could not encode or the server could
+// not prepare fails the whole round trip before anything is sent, and pgx
+// reports it at every statement of it: such an error names its own
+// statement by its SQL, which is then the one blamed — its index on p, or
+// -1 if it is not queued on p (the statement Then carries, or one sent
+// with p by TxStart) or more than once (then it cannot be told which).
+func (p *Pipeline) queryError(i int, q *pgx.QueuedQuery, err error) *QueryError {
+	var pre pgx.ErrPreprocessingBatch
+	if !errors.As(err, &pre) {
+		return &QueryError{Query: queryName(q.SQL), Index: i, Err: err}
+	}
+	i = -1
+	for j, qq := range p.batch.QueuedQueries {
+		if qq.SQL == pre.SQL() {
+			if i >= 0 {
+				i = -1 // queued twice: either may be the one
+				break
+			}
+			i = j
+		}
+	}
+	return &QueryError{Query: queryName(pre.SQL()), Index: i, Err: err}
 }
 
 func (p *Pipeline) done(err error) {
@@ -182,10 +207,20 @@ func (t then) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 }
 
 // batchRows are the rows of a batch's last statement; closing them closes
-// the batch, which hands its connection back.
+// the batch, which hands its connection back. As pgx's Rows, they are
+// closed as well when Next returns false: code that reads them to the end
+// needs no Close to use the connection again.
 type batchRows struct {
 	pgx.Rows
 	br pgx.BatchResults
+}
+
+func (r batchRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.Close()
+	return false
 }
 
 func (r batchRows) Close() {

@@ -24,8 +24,9 @@ import (
 // writes, which go with the inbox's COMMIT.
 //
 // It locks the stock rows of every SKU of the batch once, in SKU order (the
-// order HandlePaymentDebited locks in, so neither form can deadlock the
-// other), decides each order in event order in Go against the stock the
+// order HandlePaymentDebited locks an order's SKUs in; the inbox's
+// per-event fallback runs one event per transaction, so neither form can
+// deadlock the other), decides each order in event order in Go against the stock the
 // orders before it left, and then writes the net decrement per SKU, the
 // reservations, their lines and the outcome events with one statement each,
 // queued on writes.

@@ -60,7 +60,8 @@ type ending struct {
 // its writes, which go with the inbox's COMMIT.
 //
 // It locks the batch's orders once, in id order (so that the two
-// subscriptions' batches cannot deadlock each other), records the events in
+// subscriptions' batches cannot deadlock each other; the per-event
+// fallback runs one event per transaction and locks one order), records the events in
 // the timelines with one statement, which tells which of them were seen
 // before, and decides every transition in Go in event order on the orders'
 // statuses as they evolve: two events of one order in one batch see each

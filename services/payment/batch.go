@@ -24,7 +24,8 @@ import (
 // the inbox's COMMIT.
 //
 // It locks the batch's wallets once, in key order (so that concurrent
-// batches cannot deadlock), decides every order in event order in Go —
+// batches cannot deadlock; the inbox's per-event fallback runs one event
+// per transaction), decides every order in event order in Go —
 // a wallet whose balance cannot cover all its orders still pays, in order,
 // those that fit, exactly as one debit after the other would — and then
 // writes the net debit per wallet, the payments and the outcome events with

@@ -6,12 +6,6 @@ VALUES (@consumer, @event_id, @event_type, @event_time, @stream_seq)
 ON CONFLICT DO NOTHING
 RETURNING event_id;
 
--- name: ClaimNewEvent :exec
--- Claims one first delivery on ClaimNewEvents' bet: an event processed
--- before fails it with a unique violation.
-INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
-VALUES (@consumer, @event_id, @event_type, @event_time, @stream_seq);
-
 -- name: ClaimEvents :many
 -- Claims a batch with one statement. The rows are inserted in event id
 -- order, so two overlapping batches lock keys in the same order and cannot
@@ -29,26 +23,6 @@ FROM (
 ORDER BY e.event_id
 ON CONFLICT DO NOTHING
 RETURNING event_id;
-
--- name: ClaimNewEvents :exec
--- Claims a batch of first deliveries with one statement, on the bet that
--- none of them was processed before: a plain insert, which PostgreSQL runs
--- for less than ClaimEvents' ON CONFLICT (a speculative insertion per row:
--- a 100-row claim took 7–42 % less time in pgbench), and which needs no
--- answer: the caller sends it ahead of the handler's first statement. An
--- event processed before fails it with a unique violation, and the caller
--- claims the batch again with ClaimEvents in a new transaction. Rows go in
--- event id order, as with ClaimEvents.
-INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
-SELECT @consumer::text, e.event_id, e.event_type, e.event_time, e.stream_seq
-FROM (
-    SELECT
-        unnest(@event_ids::uuid[])          AS event_id,
-        unnest(@event_types::text[])        AS event_type,
-        unnest(@event_times::timestamptz[]) AS event_time,
-        unnest(@stream_seqs::bigint[])      AS stream_seq
-) AS e
-ORDER BY e.event_id;
 
 -- name: DeleteMintedBefore :execrows
 -- Deletes at most @max_rows rows of events whose ids were minted before

@@ -47,7 +47,9 @@ LIMIT @max_rows;
 -- name: LockOrders :many
 -- The orders among ids, locked in id order: a batch that touches several
 -- orders takes their locks in the same order as any other batch, so that
--- the two subscriptions' batches cannot deadlock each other.
+-- the two subscriptions' batches cannot deadlock each other. (When a batch
+-- fails, the inbox runs its events one per transaction: one order's lock
+-- each, which cannot deadlock with a batch either.)
 SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
 FROM orders
 WHERE id = ANY (@ids::uuid[])

@@ -178,7 +178,9 @@ FOR UPDATE
 
 // The orders among ids, locked in id order: a batch that touches several
 // orders takes their locks in the same order as any other batch, so that
-// the two subscriptions' batches cannot deadlock each other.
+// the two subscriptions' batches cannot deadlock each other. (When a batch
+// fails, the inbox runs its events one per transaction: one order's lock
+// each, which cannot deadlock with a batch either.)
 func (q *Queries) LockOrders(ctx context.Context, db DBTX, ids []uuid.UUID) ([]Order, error) {
 	rows, err := db.Query(ctx, lockOrders, ids)
 	if err != nil {

@@ -1,0 +1,134 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/onceflow/onceflow/internal/streams"
+)
+
+// Headers a dead-lettered message carries besides the original's.
+const (
+	HeaderDLQReason     = "Onceflow-Dlq-Reason"     // why it could not be processed
+	HeaderDLQConsumer   = "Onceflow-Dlq-Consumer"   // the durable that gave up on it
+	HeaderDLQStream     = "Onceflow-Dlq-Stream"     // the stream it is stored in
+	HeaderDLQStreamSeq  = "Onceflow-Dlq-Stream-Seq" // its sequence there
+	HeaderDLQDeliveries = "Onceflow-Dlq-Deliveries" // how often it was delivered
+	HeaderDLQSubject    = "Onceflow-Dlq-Subject"    // the subject it was published on
+)
+
+// maxReasonLen keeps a reason header readable; error chains can be long.
+const maxReasonLen = 1024
+
+// settle acks, naks or dead-letters d's message according to its outcome.
+// It runs only after d's transaction committed or rolled back.
+func (c *Consumer) settle(ctx context.Context, d *delivery) {
+	switch d.outcome {
+	case processed, duplicate:
+		if d.outcome == processed {
+			c.processed.Add(1)
+			c.cfg.Observer.Settled(d.ev, OutcomeProcessed, d.meta.NumDelivered)
+		} else {
+			c.duplicates.Add(1)
+			c.cfg.Observer.Settled(d.ev, OutcomeDuplicate, d.meta.NumDelivered)
+			c.logger.DebugContext(ctx, "duplicate dropped", "event_id", d.ev.ID, "stream_seq", d.meta.Sequence.Stream)
+		}
+		if d.outcome == processed && c.cfg.AfterCommit != nil {
+			c.cfg.AfterCommit(d.ev)
+		}
+		if c.skipAck != nil && c.skipAck(d.ev) {
+			return
+		}
+		if err := d.msg.Ack(); err != nil {
+			c.eventLogger(d).WarnContext(ctx, "ack failed; the redelivery will be dropped as a duplicate", "err", err)
+		}
+	case failed:
+		switch {
+		case isPermanent(d.err):
+			c.deadLetter(ctx, d, d.err.Error())
+		case c.maxDeliver > 0 && d.meta.NumDelivered >= uint64(c.maxDeliver):
+			// A nak would not bring it back: JetStream gives up after
+			// MaxDeliver deliveries.
+			c.deadLetter(ctx, d, fmt.Sprintf("failed on each of %d deliveries, the last: %v", d.meta.NumDelivered, d.err))
+		default:
+			c.eventLogger(d).WarnContext(ctx, "processing failed; retrying", "deliveries", d.meta.NumDelivered, "err", d.err)
+			c.nak(ctx, d)
+		}
+	default:
+		// Unreachable: processOne and processBatch decide every outcome.
+		c.logger.ErrorContext(ctx, "message left unsettled", "event_id", d.ev.ID, "outcome", d.outcome)
+	}
+}
+
+func (c *Consumer) nak(ctx context.Context, d *delivery) {
+	c.retried.Add(1)
+	c.cfg.Observer.Settled(d.ev, OutcomeRetried, d.meta.NumDelivered)
+	if err := d.msg.NakWithDelay(nakDelay(c.cfg.NakDelay, d.meta.NumDelivered)); err != nil {
+		c.logger.WarnContext(ctx, "nak failed; the message will be redelivered after the ack wait",
+			"stream_seq", d.meta.Sequence.Stream, "err", err)
+	}
+}
+
+// maxNakDelay caps the exponential redelivery delay.
+const maxNakDelay = time.Minute
+
+// nakDelay doubles base with every delivery, up to maxNakDelay, so that a
+// failing dependency is not hammered while it recovers.
+func nakDelay(base time.Duration, delivered uint64) time.Duration {
+	d := base
+	for i := uint64(1); i < delivered && d < maxNakDelay; i++ {
+		d *= 2
+	}
+	return min(d, maxNakDelay)
+}
+
+// deadLetter copies d's message to the DLQ with the reason, then terminates
+// it. If the copy fails the message is naked instead: it is never dropped
+// uncopied.
+func (c *Consumer) deadLetter(ctx context.Context, d *delivery, reason string) {
+	reason = strings.Join(strings.Fields(reason), " ") // no line breaks in a header
+	if len(reason) > maxReasonLen {
+		reason = reason[:maxReasonLen]
+	}
+	h := nats.Header{}
+	for k, v := range d.msg.Headers() {
+		// Nats-* headers instructed the server that stored the original
+		// (dedup id, expected sequences, TTL, rollup); copied, they would act
+		// again on the DLQ stream.
+		if !strings.HasPrefix(k, "Nats-") {
+			h[k] = slices.Clone(v)
+		}
+	}
+	h.Set(HeaderDLQReason, reason)
+	h.Set(HeaderDLQConsumer, c.cfg.Durable)
+	h.Set(HeaderDLQStream, d.meta.Stream)
+	h.Set(HeaderDLQStreamSeq, strconv.FormatUint(d.meta.Sequence.Stream, 10))
+	h.Set(HeaderDLQDeliveries, strconv.FormatUint(d.meta.NumDelivered, 10))
+	h.Set(HeaderDLQSubject, d.msg.Subject())
+	// One id per stored message: dead-lettering it again (a term that was
+	// lost, a crash after the publish) is dropped by the DLQ's dedup.
+	h.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s:%d", c.cfg.Durable, d.meta.Sequence.Stream))
+
+	dlq := &nats.Msg{Subject: streams.DLQSubjectPrefix + c.cfg.Durable, Header: h, Data: d.msg.Data()}
+	if _, err := c.js.PublishMsg(ctx, dlq); err != nil {
+		c.logger.ErrorContext(ctx, "dead-lettering failed; the message will be redelivered",
+			"stream_seq", d.meta.Sequence.Stream, "reason", reason, "err", err)
+		c.nak(ctx, d)
+		return
+	}
+	c.deadLettered.Add(1)
+	c.cfg.Observer.Settled(d.ev, OutcomeDeadLettered, d.meta.NumDelivered)
+	c.eventLogger(d).WarnContext(ctx, "message dead-lettered",
+		"subject", d.msg.Subject(), "stream_seq", d.meta.Sequence.Stream, "deliveries", d.meta.NumDelivered, "reason", reason)
+	if err := d.msg.TermWithReason("dead-lettered"); err != nil {
+		c.logger.WarnContext(ctx, "term failed; the redelivery will be dead-lettered again and deduplicated",
+			"stream_seq", d.meta.Sequence.Stream, "err", err)
+	}
+}
