@@ -223,4 +223,3 @@ func (n *naive) process(ctx context.Context, msgs []jetstream.Msg) error {
 	}
 	return nil
 }
-
