@@ -1,0 +1,128 @@
+package console
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/onceflow/onceflow/internal/audit"
+)
+
+// pageNames are the pages, each a template file beside layout.html.
+var pageNames = []string{"orders", "order", "pipeline", "dlq", "dlqentry", "audit", "login", "error"}
+
+func parsePages() (map[string]*template.Template, error) {
+	funcs := template.FuncMap{
+		"cents":   func(c int64) string { return fmt.Sprintf("%d.%02d", c/100, c%100) },
+		"time":    func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000") },
+		"ago":     func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
+		"short":   shortType,
+		"figure":  formatFigure,
+		"setParam": withParam,
+		"join":    strings.Join,
+		"lower":   strings.ToLower,
+		"latency": formatLatency,
+	}
+	pages := make(map[string]*template.Template, len(pageNames))
+	for _, name := range pageNames {
+		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
+		if err != nil {
+			return nil, fmt.Errorf("console: template %s: %w", name, err)
+		}
+		pages[name] = t
+	}
+	return pages, nil
+}
+
+// withParam is the query q with key set to value: a link to the next page.
+func withParam(q url.Values, key, value string) string {
+	v := url.Values{}
+	for k, vs := range q {
+		v[k] = slices.Clone(vs)
+	}
+	v.Set(key, value)
+	return v.Encode()
+}
+
+func formatFigure(v any) string {
+	m, ok := v.(map[string]int64)
+	if !ok {
+		return fmt.Sprint(v)
+	}
+	if len(m) == 0 {
+		return "none"
+	}
+	parts := make([]string, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, m[k]))
+	}
+	return strings.Join(parts, " ")
+}
+
+func prettyJSON(data []byte) string {
+	var b bytes.Buffer
+	if json.Indent(&b, data, "", "  ") != nil {
+		return fmt.Sprintf("%q", data)
+	}
+	return b.String()
+}
+
+// auditPage shows the auditor's checks when asked to run them: they read
+// every database and stream, so only on demand.
+func (s *Server) auditPage(c echo.Context) error {
+	data := map[string]any{}
+	if c.QueryParam("run") != "" {
+		cfg := s.cfg.Audit
+		cfg.Wait = 0
+		report, err := audit.Run(c.Request().Context(), cfg, s.logger)
+		if err != nil {
+			return err
+		}
+		data["Report"] = report
+	}
+	return s.render(c, http.StatusOK, "audit", data)
+}
+
+func (s *Server) loginPage(c echo.Context) error {
+	who, _ := s.who(c)
+	return s.render(c, http.StatusOK, "login", map[string]any{"Operator": who, "Hint": s.cfg.AuthHint, "Next": c.QueryParam("next")})
+}
+
+// login keeps the token the operator pasted in a cookie that only this
+// site's own requests carry.
+func (s *Server) login(c echo.Context) error {
+	if !sameOrigin(c.Request()) {
+		return echo.NewHTTPError(http.StatusForbidden, "a form from another site")
+	}
+	token := strings.TrimSpace(c.FormValue("token"))
+	if s.cfg.Auth == nil {
+		return echo.NewHTTPError(http.StatusForbidden, "this console lets nobody act")
+	}
+	if _, err := s.cfg.Auth.Operator(token); err != nil {
+		return s.render(c, http.StatusForbidden, "login", map[string]any{"Error": "that token is not an operator's: " + err.Error(), "Hint": s.cfg.AuthHint})
+	}
+	c.SetCookie(&http.Cookie{Name: tokenCookie, Value: token, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	return c.Redirect(http.StatusSeeOther, cmpOr(c.FormValue("next"), "/dlq"))
+}
+
+func (s *Server) logout(c echo.Context) error {
+	c.SetCookie(&http.Cookie{Name: tokenCookie, Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	return c.Redirect(http.StatusSeeOther, "/login")
+}
+
+// cmpOr is cmp.Or for a redirect target: only a path on this site.
+func cmpOr(next, fallback string) string {
+	if strings.HasPrefix(next, "/") && !strings.HasPrefix(next, "//") {
+		return next
+	}
+	return fallback
+}
