@@ -85,7 +85,7 @@ func commands() []command {
 	return append(cmds,
 		command{
 			name:    "dev",
-			usage:   "[--seed] [--data-dir DIR] [--durable] [--nats-sync always|interval] [--host HOST] [--http-port N] [--nats-port N] [--pg-port N] [--pprof ADDR]",
+			usage:   "[--seed] [--data-dir DIR] [--durable] [--console-port N] [--nats-sync always|interval] [--host HOST] [--http-port N] [--nats-port N] [--pg-port N] [--pprof ADDR]",
 			summary: "run every service in one process on embedded NATS and a throwaway PostgreSQL",
 			run:     runDev,
 		},
@@ -101,6 +101,7 @@ func commands() []command {
 			summary: "mark outbox rows sent since a time for publishing again (after a broker lost acked messages)",
 			run:     runOutbox,
 		},
+		command{name: "console", summary: "serve the operator's web console: orders as saga lanes, the pipeline's lag, the DLQ with replay, the audit", run: runConsole},
 		command{name: "dlq", usage: dlqUsage, summary: "list, show, replay or discard dead-lettered events", run: runDLQ},
 		command{name: "audit", usage: "[--wait D]", summary: "check the saga's invariants across the four databases and NATS; fail on any violation", run: runAudit},
 		command{name: "loadgen", usage: "[--rate N/s] [--duration D] [--concurrency N] [--json FILE] [--histogram FILE.svg|png] [--order-url URL] …", summary: "drive a running onceflow over HTTP and report orders/s and placed→confirmed latency", run: runLoadgen},

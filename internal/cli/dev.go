@@ -39,7 +39,7 @@ const devStopTimeout = time.Minute
 func runDev(ctx context.Context, inv invocation, args []string) error {
 	cfg, flags, err := parseDev(inv, args)
 	if err != nil {
-		return err
+		return helped(err) // -h printed the usage: done
 	}
 	if flags.pprofAddr != "" {
 		stop, err := servePprof(flags.pprofAddr, inv.logger)
@@ -53,6 +53,15 @@ func runDev(ctx context.Context, inv invocation, args []string) error {
 		return fmt.Errorf("dev: %w", err)
 	}
 	printEnv(inv.stdout, e, cfg)
+	stopConsole := func() error { return nil }
+	if flags.consolePort >= 0 {
+		url, token, stop, err := serveDevConsole(ctx, inv, e, cfg.Host, flags.consolePort)
+		if err != nil {
+			return errors.Join(fmt.Errorf("dev: %w", err), stopDev(ctx, e))
+		}
+		stopConsole = stop
+		fmt.Fprintf(inv.stdout, "  console    %s  (operator token: %s)\n", url, token)
+	}
 	if flags.seed {
 		seeded, err := dev.Seed(ctx, e)
 		if err != nil {
@@ -64,7 +73,7 @@ func runDev(ctx context.Context, inv invocation, args []string) error {
 
 	<-e.Done() // ctx ended (a signal) or a service failed
 	inv.logger.InfoContext(ctx, "services stopped; stopping NATS and PostgreSQL")
-	if err := stopDev(ctx, e); err != nil {
+	if err := errors.Join(stopConsole(), stopDev(ctx, e)); err != nil {
 		return err
 	}
 	if cfg.DatabaseURL == "" && cfg.DataDir == "" {
@@ -78,8 +87,9 @@ func runDev(ctx context.Context, inv invocation, args []string) error {
 // devFlags are the flags of onceflow dev that are not the environment's
 // configuration.
 type devFlags struct {
-	seed      bool
-	pprofAddr string
+	seed        bool
+	pprofAddr   string
+	consolePort int
 }
 
 // parseDev parses onceflow dev's flags and environment.
@@ -104,9 +114,10 @@ as 'onceflow <service>' does.`)
 	httpPort := fs.Int("http-port", defaults.Order, "`port` of the order API; payment, inventory, notify and any added service take the next ones (0: free ports)")
 	natsPort := fs.Int("nats-port", defaults.NATS, "`port` of the NATS server (0: a free port)")
 	pgPort := fs.Int("pg-port", defaults.Postgres, "`port` of the local PostgreSQL cluster (0: a free port)")
+	consolePort := fs.Int("console-port", defaultConsolePort, "`port` of the operator's console (0: a free port, -1: none)")
 	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on `ADDR` (e.g. 127.0.0.1:6060), to profile the services under load")
 	if err := parse(fs, args, inv.stdout); err != nil {
-		return dev.Config{}, devFlags{}, helped(err)
+		return dev.Config{}, devFlags{}, err
 	}
 	if fs.NArg() > 0 {
 		return dev.Config{}, devFlags{}, usageError(fs, "takes no arguments")
@@ -141,7 +152,7 @@ as 'onceflow <service>' does.`)
 	if *httpPort != 0 {
 		cfg.Ports.Order, cfg.Ports.Payment, cfg.Ports.Inventory, cfg.Ports.Notify = *httpPort, *httpPort+1, *httpPort+2, *httpPort+3
 	}
-	return cfg, devFlags{seed: *seed, pprofAddr: *pprofAddr}, nil
+	return cfg, devFlags{seed: *seed, pprofAddr: *pprofAddr, consolePort: *consolePort}, nil
 }
 
 // servePprof serves the runtime profiles on addr until stop is called. The

@@ -40,7 +40,7 @@ func TestDev(t *testing.T) {
 	var stdout, stderr syncBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, []string{"dev", "--seed", "--http-port", "0", "--nats-port", "0"}, &stdout, &stderr)
+		done <- Run(ctx, []string{"dev", "--seed", "--http-port", "0", "--nats-port", "0", "--console-port", "0"}, &stdout, &stderr)
 	}()
 
 	var returned bool
@@ -61,6 +61,7 @@ func TestDev(t *testing.T) {
 		"  order      http://127.0.0.1:",
 		"/onceflow_notify?sslmode=disable",
 		"  nats       nats://127.0.0.1:",
+		"  console    http://127.0.0.1:",
 		"temporary: removed on exit",
 		"Seeded wallets: alice 100000 cents, bob 5000 cents.",
 		"Seeded stock:   apple 100, pear 50, plum 0.",

@@ -38,7 +38,7 @@ func (s *Server) dlqPage(c echo.Context) error {
 		consumers = append(consumers, c.Durable)
 	}
 	return s.render(c, http.StatusOK, "dlq", map[string]any{
-		"Filter": f, "Age": c.QueryParam("age"), "Page": page, "Consumers": consumers,
+		"Filter": f, "Age": c.QueryParam("age"), "List": page, "Consumers": consumers,
 		"Statuses": []dlq.Status{dlq.Open, dlq.Replayed, dlq.Discarded}, "Query": c.QueryParams(),
 	})
 }

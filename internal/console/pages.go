@@ -22,15 +22,15 @@ var pageNames = []string{"orders", "order", "pipeline", "dlq", "dlqentry", "audi
 
 func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
-		"cents":   func(c int64) string { return fmt.Sprintf("%d.%02d", c/100, c%100) },
-		"time":    func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000") },
-		"ago":     func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
-		"short":   shortType,
-		"figure":  formatFigure,
+		"cents":    func(c int64) string { return fmt.Sprintf("%d.%02d", c/100, c%100) },
+		"time":     func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000") },
+		"ago":      func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
+		"short":    shortType,
+		"figure":   formatFigure,
 		"setParam": withParam,
-		"join":    strings.Join,
-		"lower":   strings.ToLower,
-		"latency": formatLatency,
+		"join":     strings.Join,
+		"lower":    strings.ToLower,
+		"latency":  formatLatency,
 	}
 	pages := make(map[string]*template.Template, len(pageNames))
 	for _, name := range pageNames {

@@ -233,7 +233,7 @@ type devSystem struct {
 // says it is running.
 func startDev(t *testing.T, bin string) *devSystem {
 	t.Helper()
-	cmd := exec.Command(bin, "dev", "--seed", "--http-port", "0", "--nats-port", "0")
+	cmd := exec.Command(bin, "dev", "--seed", "--http-port", "0", "--nats-port", "0", "--console-port", "0")
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "DATABASE_URL=") {

@@ -1,0 +1,317 @@
+package console_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/audit"
+	"github.com/onceflow/onceflow/internal/console"
+	"github.com/onceflow/onceflow/internal/dev"
+	"github.com/onceflow/onceflow/internal/dlq"
+	"github.com/onceflow/onceflow/internal/postgres"
+	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/internal/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+const (
+	operatorToken = "operator-secret"
+	waitFor       = time.Minute
+)
+
+// system is onceflow dev, seeded, and its console.
+type system struct {
+	env     *dev.Env
+	console string // base URL
+	pools   map[string]*pgxpool.Pool
+	js      jetstream.JetStream
+}
+
+func start(t *testing.T) *system {
+	t.Helper()
+	ctx := t.Context()
+	e, err := dev.Start(ctx, onServer(t), testLogger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, e.Stop(context.Background())) })
+	_, err = dev.Seed(ctx, e)
+	require.NoError(t, err)
+	s := &system{env: e, pools: map[string]*pgxpool.Pool{}}
+	cfg := console.Config{Audit: audit.Config{NATSURL: e.NATSURL}, Auth: console.TokenAuth{Token: operatorToken, Name: "ops"}, Live: 200 * time.Millisecond}
+	for _, svc := range e.Services {
+		pool, err := postgres.Connect(ctx, svc.DatabaseURL)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		s.pools[svc.Name] = pool
+		*map[string]*string{"order": &cfg.Audit.OrderURL, "payment": &cfg.Audit.PaymentURL, "inventory": &cfg.Audit.InventoryURL, "notify": &cfg.Audit.NotifyURL}[svc.Name] = svc.DatabaseURL
+	}
+	nc, err := nats.Connect(e.NATSURL)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	s.js, err = jetstream.New(nc)
+	require.NoError(t, err)
+
+	srv, err := console.New(ctx, cfg, testLogger(t))
+	require.NoError(t, err)
+	t.Cleanup(srv.Close)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	serveCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(serveCtx, ln) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	s.console = "http://" + ln.Addr().String()
+	return s
+}
+
+// onServer runs dev's databases on the test environment's PostgreSQL.
+func onServer(t *testing.T) dev.Config {
+	t.Helper()
+	admin := testenv.NewDatabase(t, postgres.Schema{}).AdminURL()
+	prefix := fmt.Sprintf("console%d_", os.Getpid())
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, admin)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		for _, name := range []string{"order", "payment", "inventory", "notify"} {
+			_, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{prefix + name}.Sanitize()+" WITH (FORCE)")
+			require.NoError(t, err)
+		}
+	})
+	return dev.Config{DatabaseURL: admin, DatabasePrefix: prefix}
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// placeOrder places an order and returns its id, without waiting for it.
+func (s *system) placeOrder(t *testing.T, customer, items string) string {
+	t.Helper()
+	body := fmt.Sprintf(`{"customer_id":%q,"customer_email":"%s@example.com","items":[%s]}`, customer, customer, items)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, s.env.URL("order")+"/orders", strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", fmt.Sprintf("console-%d", time.Now().UnixNano()))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	var o struct {
+		ID string `json:"id"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&o))
+	return o.ID
+}
+
+func (s *system) exec(t *testing.T, service, sql string, args ...any) {
+	t.Helper()
+	_, err := s.pools[service].Exec(context.Background(), sql, args...)
+	require.NoError(t, err)
+}
+
+// browser starts a headless Chromium with a fresh profile.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	path, err := exec.LookPath("chromium")
+	require.NoError(t, err, "the browser tests need Debian's chromium (apt-get install chromium)")
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path),
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1200, 900),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancelAlloc)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(cancel)
+	// The browser lives as long as the context of its first action.
+	require.NoError(t, chromedp.Do(ctx))
+	ctx, cancelTimeout := context.WithTimeout(ctx, 4*time.Minute)
+	t.Cleanup(cancelTimeout)
+	return ctx
+}
+
+// screenshot saves the page as name under ONCEFLOW_SCREENSHOTS, when set
+// (docs/ holds the README's).
+func screenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	dir := os.Getenv("ONCEFLOW_SCREENSHOTS")
+	if dir == "" {
+		return
+	}
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, name), png, 0o644))
+}
+
+// textOf returns the text of the first element sel matches.
+func textOf(t *testing.T, ctx context.Context, sel string) string {
+	t.Helper()
+	// Read by script: a live view replaces nodes that a DOM query may hold.
+	text, err := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(`document.querySelector(%q)?.textContent ?? ""`, sel)))
+	require.NoError(t, err)
+	return strings.TrimSpace(text)
+}
+
+// awaitText waits until the element sel matches contains want, the page
+// updating itself.
+func awaitText(t *testing.T, ctx context.Context, sel, want string) {
+	t.Helper()
+	// A poll started while a form's answer loads ends with the page it
+	// polled ("navigated", "cannot find context"): poll again on the new
+	// one.
+	deadline := time.Now().Add(waitFor)
+	for {
+		_, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](
+			fmt.Sprintf(`(document.querySelector(%q)?.textContent ?? "").includes(%q)`, sel, want),
+			chromedp.WithPollingTimeout(5*time.Second)))
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			require.NoError(t, err, "%s never showed %q", sel, want)
+		}
+	}
+}
+
+// TestConsoleInABrowser places an order and watches its lanes fill in,
+// makes an event fail for good and finds it on the DLQ page, is refused a
+// replay without an operator's token and with a customer's, replays it as
+// an operator, and sees the order finish and the entry marked replayed.
+func TestConsoleInABrowser(t *testing.T) {
+	t.Parallel()
+	s := start(t)
+	ctx := browser(t)
+
+	// An order's lanes fill in while its saga runs.
+	id := s.placeOrder(t, "alice", `{"sku":"apple","quantity":3,"unit_price_cents":120}`)
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.console+"/orders/"+id)))
+	awaitText(t, ctx, "#order-status", "CONFIRMED")
+	awaitText(t, ctx, "#saga", "the saga is over")
+	hops, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#saga svg g.hop:not(.pending)").length`))
+	require.NoError(t, err)
+	require.Equal(t, 6, hops, "OrderPlaced to payment and notify, PaymentDebited to inventory and order, StockReserved to order, OrderConfirmed to notify")
+	for _, lane := range []string{"order", "payment", "inventory", "notify", "PaymentDebited", "StockReserved", "OrderConfirmed", " ms"} {
+		require.Contains(t, textOf(t, ctx, "#saga"), lane)
+	}
+	screenshot(t, ctx, "console-order.png")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.console+"/orders?q=alice")))
+	require.Contains(t, textOf(t, ctx, "#orders"), id)
+
+	entry, order := s.poison(t)
+
+	// The DLQ page lists it with its reason.
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.console+"/dlq?status=open")))
+	require.Contains(t, textOf(t, ctx, "#dlq"), "which has no payment")
+	require.Contains(t, textOf(t, ctx, "#dlq"), streams.PaymentInventory)
+	screenshot(t, ctx, "console-dlq.png")
+
+	// Nobody signed in: refused.
+	entryURL := fmt.Sprintf("%s/dlq/%d", s.console, entry)
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(entryURL), chromedp.Click(chromedp.CSS("#replay"))))
+	awaitText(t, ctx, "#error", "only an operator can do this: sign in first")
+	// A customer's token: refused too.
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			_, err := cdp.Call(ctx, tg, network.SetCookie, network.SetCookieParams{Name: "onceflow_console_token", Value: "alice-token", URL: s.console})
+			return err
+		}),
+		chromedp.Navigate(entryURL), chromedp.Click(chromedp.CSS("#replay"))))
+	awaitText(t, ctx, "#error", "only an operator can do this: not an operator")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(entryURL)))
+	require.Equal(t, "open", textOf(t, ctx, "#entry-status"))
+
+	// An operator signs in and replays it: the order finishes.
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(s.console+"/login?next="+fmt.Sprintf("/dlq/%d", entry)),
+		chromedp.SendKeys(chromedp.CSS("#token"), operatorToken),
+		chromedp.Click(chromedp.CSS("#signin")),
+		chromedp.WaitVisible(chromedp.CSS("#replay")),
+		chromedp.Click(chromedp.CSS("#replay"))))
+	awaitText(t, ctx, "#flash", "replayed")
+	require.Equal(t, "replayed", textOf(t, ctx, "#entry-status"))
+	require.Contains(t, textOf(t, ctx, "#actions"), "ops")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.console+"/orders/"+order)))
+	awaitText(t, ctx, "#order-status", "CANCELLED")
+	awaitText(t, ctx, "#saga", "PaymentRefunded")
+
+	// Charged once, refunded once: the auditor agrees.
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.console+"/pipeline")))
+	require.Contains(t, textOf(t, ctx, "#consumers"), streams.PaymentInventory)
+	report, err := audit.Run(t.Context(), audit.Config{
+		OrderURL: s.env.Services[0].DatabaseURL, PaymentURL: s.env.Services[1].DatabaseURL,
+		InventoryURL: s.env.Services[2].DatabaseURL, NotifyURL: s.env.Services[3].DatabaseURL,
+		NATSURL: s.env.NATSURL, Wait: waitFor,
+	}, testLogger(t))
+	require.NoError(t, err)
+	require.True(t, report.OK(), "%+v", report.Failed())
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.console+"/audit?run=1")))
+	awaitText(t, ctx, "h2", "All 9 checks hold")
+}
+
+// poison makes payment give up, for good, on the StockRejected of a new
+// order of plums (out of stock): while inventory waits for a lock on its
+// stock, the order's payment row is moved aside, so that the refund finds
+// no payment (a permanent error: dead-lettered at once); the row is put
+// back once it is in the DLQ, as a fix would. The customer is charged and
+// the order PAID until the entry is replayed. It returns the entry and the
+// order.
+func (s *system) poison(t *testing.T) (entry uint64, order string) {
+	t.Helper()
+	ctx := t.Context()
+	lock, err := s.pools["inventory"].Begin(ctx)
+	require.NoError(t, err)
+	_, err = lock.Exec(ctx, `LOCK TABLE stock IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	order = s.placeOrder(t, "alice", `{"sku":"plum","quantity":1,"unit_price_cents":500}`)
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, s.pools["payment"].QueryRow(ctx, `SELECT count(*) FROM payments WHERE order_id = $1`, order).Scan(&n))
+		return n == 1
+	}, waitFor, 20*time.Millisecond)
+	s.exec(t, "payment", `CREATE TABLE payments_aside AS SELECT * FROM payments WHERE order_id = $1`, order)
+	s.exec(t, "payment", `DELETE FROM payments WHERE order_id = $1`, order)
+	require.NoError(t, lock.Rollback(ctx))
+
+	store := dlq.New(s.js, dlq.Config{})
+	require.Eventually(t, func() bool {
+		page, err := store.List(ctx, dlq.Filter{Consumer: streams.PaymentInventory})
+		require.NoError(t, err)
+		for _, e := range page.Entries {
+			if e.OrderID == order {
+				entry = e.ID
+				return true
+			}
+		}
+		return false
+	}, waitFor, 20*time.Millisecond)
+	s.exec(t, "payment", `INSERT INTO payments SELECT * FROM payments_aside`)
+	s.exec(t, "payment", `DROP TABLE payments_aside`)
+	return entry, order
+}
