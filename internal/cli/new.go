@@ -16,7 +16,7 @@ import (
 func newCommand() command {
 	return command{
 		name:    "new",
-		usage:   "service NAME [--consumes EVENT...] [--dir DIR]",
+		usage:   "service NAME [--consumes EVENT...] [--emits EVENT] [--dir DIR]",
 		summary: "scaffold a new service as docs/new-service.md describes it",
 		run:     runNew,
 	}
@@ -33,10 +33,15 @@ its entry in internal/registry, which gives it its command and its place in
 'onceflow dev'. Then it prints what to edit next.
 
 NAME is a lowercase Go identifier that nothing in the repository uses yet.
-Each EVENT is a constant of internal/event (OrderConfirmed, StockRejected,
-…); the service gets one durable consumer per stream, named NAME-<stream>.
+Each EVENT consumed is a constant of internal/event (OrderConfirmed,
+StockRejected, …); the service gets one durable consumer per stream, named
+NAME-<stream>, declared in internal/streams beside the saga's. The EVENT
+emitted is a new type (PointsAwarded): its constant, payload and contract
+test are added to internal/event, its stream NAME.> to internal/streams,
+and each handler writes one to the outbox on its transaction.
 Nothing is changed unless everything succeeds.`)
 	dir := fs.String("dir", ".", "the repository's root `DIR`")
+	emits := fs.String("emits", "", "a new `EVENT` type the service emits for each event it consumes, e.g. PointsAwarded")
 	var consumes []string
 	fs.Func("consumes", "an `EVENT` the service consumes; several may follow one --consumes, or be comma-separated", func(v string) error {
 		for e := range strings.SplitSeq(v, ",") {
@@ -51,14 +56,14 @@ Nothing is changed unless everything succeeds.`)
 		return helped(err)
 	}
 	if len(positional) != 2 || positional[0] != "service" {
-		return usageError(fs, "want 'onceflow new service NAME [--consumes EVENT...]'")
+		return usageError(fs, "want 'onceflow new service NAME [--consumes EVENT...] [--emits EVENT]'")
 	}
 	var reserved []string
 	for _, c := range commands() {
 		reserved = append(reserved, c.name)
 	}
 	name := positional[1]
-	res, err := scaffold.Generate(ctx, scaffold.Config{Root: *dir, Name: name, Consumes: consumes, Reserved: reserved})
+	res, err := scaffold.Generate(ctx, scaffold.Config{Root: *dir, Name: name, Consumes: consumes, Emits: *emits, Reserved: reserved})
 	if err != nil {
 		return fmt.Errorf("new service: %w", err)
 	}
@@ -111,6 +116,10 @@ func printScaffolded(w io.Writer, name string, res scaffold.Result) {
 		"docker-compose.yml":               fmt.Sprintf("its service (on 127.0.0.1:%d), and %s_DB_PASSWORD for postgres", res.HostPort, strings.ToUpper(name)),
 		"internal/registry/registry.go":    fmt.Sprintf("its command ('onceflow %s') and its place in 'onceflow dev' and 'onceflow migrate'", name),
 		"deploy/prometheus/prometheus.yml": "its /metrics, scraped in the compose observability profile",
+		"internal/streams/streams.go":      "its durables (and the stream of what it emits) in streams.Saga",
+		"internal/event/types.go":          "the type it emits, in Types and NATSSubject",
+		"internal/event/payloads.go":       "the payload of the type it emits",
+		"internal/event/event_test.go":     "the contract test of the type it emits",
 	}
 	for _, f := range res.Changed {
 		fmt.Fprintf(tw, "  %s\t%s\n", f, why[f])
@@ -124,6 +133,9 @@ func printScaffolded(w io.Writer, name string, res scaffold.Result) {
 			}
 			fmt.Fprintf(tw, "  %s on %s:\t%s → %s\n", s.Durable, s.Stream.Name, strings.Join(events, ", "), s.Handler)
 		}
+	}
+	if e := res.Emits; e != nil {
+		fmt.Fprintf(tw, "\nEmits:\n  %s on %s (stream %s), one per event consumed\n", e.Name, e.Subject, e.Stream.Name)
 	}
 	_ = tw.Flush()
 

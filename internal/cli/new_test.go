@@ -11,7 +11,7 @@ func TestNewHelpAndBadInvocations(t *testing.T) {
 	for _, args := range [][]string{{"help", "new"}, {"new", "-h"}, {"new", "service", "x", "--help"}} {
 		stdout, _, err := run(t, args...)
 		require.NoError(t, err, args)
-		require.Contains(t, stdout, "Usage: onceflow new service NAME [--consumes EVENT...] [--dir DIR]", args)
+		require.Contains(t, stdout, "Usage: onceflow new service NAME [--consumes EVENT...] [--emits EVENT] [--dir DIR]", args)
 		require.Contains(t, stdout, "-consumes EVENT", args)
 	}
 	dir := t.TempDir()
@@ -19,7 +19,7 @@ func TestNewHelpAndBadInvocations(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"new"}, "new: want 'onceflow new service NAME [--consumes EVENT...]' (see 'onceflow help new')"},
+		{[]string{"new"}, "new: want 'onceflow new service NAME [--consumes EVENT...] [--emits EVENT]' (see 'onceflow help new')"},
 		{[]string{"new", "service"}, "new: want 'onceflow new service NAME"},
 		{[]string{"new", "handler", "x"}, "new: want 'onceflow new service NAME"},
 		{[]string{"new", "service", "a", "b"}, "new: want 'onceflow new service NAME"},
@@ -29,6 +29,9 @@ func TestNewHelpAndBadInvocations(t *testing.T) {
 		{[]string{"new", "service", "migrate", "--dir", "../.."}, `new service: service name "migrate": taken by a command`},
 		{[]string{"new", "service", "payment", "--dir", "../.."}, `new service: service "payment" exists`},
 		{[]string{"new", "service", "loyalty", "--consumes", "Nope", "--dir", "../.."}, `unknown event "Nope"`},
+		{[]string{"new", "service", "loyalty", "--consumes", "OrderConfirmed", "--emits", "OrderPlaced", "--dir", "../.."}, "emitted event OrderPlaced exists"},
+		{[]string{"new", "service", "loyalty", "--consumes", "OrderConfirmed", "--emits", "points", "--dir", "../.."}, `emitted event "points": want an exported Go identifier`},
+		{[]string{"new", "service", "loyalty", "--emits", "PointsAwarded", "--dir", "../.."}, "name one with --consumes"},
 	}
 	for _, tt := range tests {
 		_, _, err := run(t, tt.args...)

@@ -6,6 +6,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"iter"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -155,34 +156,44 @@ func parseDir(dir string) ([]*ast.File, error) {
 func stringConsts(files []*ast.File, typ string) map[string]string {
 	consts := make(map[string]string)
 	for _, f := range files {
+		for vs := range constSpecs(f) {
+			if typ != "" {
+				if id, ok := vs.Type.(*ast.Ident); !ok || id.Name != typ {
+					continue
+				}
+			}
+			for i, name := range vs.Names {
+				if !name.IsExported() || i >= len(vs.Values) {
+					continue
+				}
+				lit, ok := vs.Values[i].(*ast.BasicLit)
+				if !ok || lit.Kind != token.STRING {
+					continue
+				}
+				if v, err := strconv.Unquote(lit.Value); err == nil {
+					consts[name.Name] = v
+				}
+			}
+		}
+	}
+	return consts
+}
+
+// constSpecs yields the constant declarations of f, in order.
+func constSpecs(f *ast.File) iter.Seq[*ast.ValueSpec] {
+	return func(yield func(*ast.ValueSpec) bool) {
 		for _, decl := range f.Decls {
 			gd, ok := decl.(*ast.GenDecl)
 			if !ok || gd.Tok != token.CONST {
 				continue
 			}
 			for _, spec := range gd.Specs {
-				vs := spec.(*ast.ValueSpec)
-				if typ != "" {
-					if id, ok := vs.Type.(*ast.Ident); !ok || id.Name != typ {
-						continue
-					}
-				}
-				for i, name := range vs.Names {
-					if !name.IsExported() || i >= len(vs.Values) {
-						continue
-					}
-					lit, ok := vs.Values[i].(*ast.BasicLit)
-					if !ok || lit.Kind != token.STRING {
-						continue
-					}
-					if v, err := strconv.Unquote(lit.Value); err == nil {
-						consts[name.Name] = v
-					}
+				if !yield(spec.(*ast.ValueSpec)) {
+					return
 				}
 			}
 		}
 	}
-	return consts
 }
 
 // structFields returns the field names of each struct type of files;

@@ -102,7 +102,7 @@ func TestNewServiceEndToEnd(t *testing.T) {
 	done()
 
 	done = step("onceflow new service loyalty")
-	out := newService(t, repo, "loyalty", "--consumes", "OrderConfirmed")
+	out := newService(t, repo, "loyalty", "--consumes", "OrderConfirmed", "--emits", "PointsAwarded")
 	done()
 	for _, want := range []string{
 		"Scaffolded the loyalty service.",
@@ -111,11 +111,13 @@ func TestNewServiceEndToEnd(t *testing.T) {
 		"  db/migrations/loyalty/00001_loyalty.sql\n",
 		"  docker-compose.yml ",
 		"loyalty-orders on ORDERS:  OrderConfirmed → HandleOrderConfirmed",
+		"PointsAwarded on loyalty.points_awarded.v1 (stream LOYALTY)",
+		"  internal/event/types.go ",
 		"go test ./services/loyalty/",
 	} {
 		require.Contains(t, out, want)
 	}
-	t.Logf("onceflow new service loyalty --consumes OrderConfirmed:\n%s", out)
+	t.Logf("onceflow new service loyalty --consumes OrderConfirmed --emits PointsAwarded:\n%s", out)
 
 	// The engineer's edits: a new migration, a query, the handler's effect.
 	write(t, repo, "db/migrations/loyalty/00002_points.sql", pointsMigration)
@@ -124,9 +126,9 @@ func TestNewServiceEndToEnd(t *testing.T) {
 	handler := filepath.Join(repo, "services/loyalty/loyalty.go")
 	src, err := os.ReadFile(handler)
 	require.NoError(t, err)
-	starterEnd := "return fmt.Errorf(\"count %s of customer %s: %w\", ev.Type, p.CustomerID, err)\n\t}\n\treturn nil\n}"
-	require.Equal(t, 1, strings.Count(string(src), starterEnd), "the starter handler changed; update this test")
-	src = []byte(strings.Replace(string(src), starterEnd, strings.TrimSuffix(starterEnd, "return nil\n}")+"return s.awardPoints(ctx, tx, p)\n}", 1))
+	emit := "\t// The event out, written on tx too"
+	require.Equal(t, 1, strings.Count(string(src), emit), "the starter handler changed; update this test")
+	src = []byte(strings.Replace(string(src), emit, "\tif err := s.awardPoints(ctx, tx, p); err != nil {\n\t\treturn err\n\t}\n"+emit, 1))
 	require.NoError(t, os.WriteFile(handler, src, 0o644))
 
 	done = step("go tool sqlc generate")
@@ -138,8 +140,8 @@ func TestNewServiceEndToEnd(t *testing.T) {
 	goCmd(t, repo, "build", "-o", bin, "./cmd/onceflow")
 	done()
 
-	done = step("go test ./services/loyalty/ (generated)")
-	goCmd(t, repo, "test", "-count=1", "./services/loyalty/")
+	done = step("go test ./services/loyalty/ ./internal/event/")
+	goCmd(t, repo, "test", "-count=1", "./services/loyalty/", "./internal/event/")
 	done()
 
 	requireComposeService(t, repo, "loyalty", 8084)
@@ -168,20 +170,24 @@ func TestNewServiceEndToEnd(t *testing.T) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		require.Equal(c, confirmed, awards(ctx, c, db))
 	}, 30*time.Second, 50*time.Millisecond, "one award per confirmed order, none for the others")
-	done()
-
-	done = step("deliver every OrderConfirmed again")
 	nc, err := nats.Connect(sys.natsURL)
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		require.Equal(c, uint64(len(confirmed)), streamMsgs(ctx, c, js, "LOYALTY"))
+	}, 30*time.Second, 50*time.Millisecond, "one PointsAwarded published per confirmed order")
+	done()
+
+	done = step("deliver every OrderConfirmed again")
 	redelivered := republish(t, js, "orders.confirmed.v1", len(confirmed))
 	require.Len(t, redelivered, len(confirmed))
 	awaitConsumed(t, js, streams.Orders, "loyalty-orders")
 	done()
 
 	require.Equal(t, confirmed, awards(ctx, t, db), "a duplicate awarded points again")
+	require.Equal(t, uint64(len(confirmed)), streamMsgs(ctx, t, js, "LOYALTY"), "a duplicate emitted PointsAwarded again")
 	var claimed int
 	require.NoError(t, db.QueryRow(t.Context(), `SELECT count(*) FROM processed_events WHERE consumer = 'loyalty-orders'`).Scan(&claimed))
 	require.Equal(t, len(confirmed), claimed, "one inbox row per event")
@@ -401,6 +407,15 @@ func awaitConsumed(t *testing.T, js jetstream.JetStream, stream, durable string)
 		require.Zero(c, ci.NumAckPending)
 		require.Zero(c, ci.NumPending)
 	}, 30*time.Second, 50*time.Millisecond, "%s did not consume %s", durable, stream)
+}
+
+// streamMsgs counts the messages of stream.
+func streamMsgs(ctx context.Context, t require.TestingT, js jetstream.JetStream, stream string) uint64 {
+	s, err := js.Stream(ctx, stream)
+	require.NoError(t, err)
+	info, err := s.Info(ctx)
+	require.NoError(t, err)
+	return info.State.Msgs
 }
 
 func getJSON(t require.TestingT, url string, out any) {

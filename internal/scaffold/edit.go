@@ -23,6 +23,7 @@ const (
 	sqlcFile       = "sqlc.yaml"
 	composeFile    = "docker-compose.yml"
 	prometheusFile = "deploy/prometheus/prometheus.yml"
+	streamsFile    = "internal/streams/streams.go"
 )
 
 // firstHostPort is the order API's port in the compose file and in
@@ -164,6 +165,22 @@ type composeConfig struct {
 	} `yaml:"services"`
 }
 
+// hostPorts are the host ports the compose services publish.
+func (c composeConfig) hostPorts() map[int]bool {
+	taken := make(map[int]bool)
+	for _, s := range c.Services {
+		for _, p := range s.Ports {
+			parts := strings.Split(p, ":")
+			if len(parts) >= 2 {
+				if n, err := strconv.Atoi(parts[len(parts)-2]); err == nil {
+					taken[n] = true
+				}
+			}
+		}
+	}
+	return taken
+}
+
 var passwordLine = regexp.MustCompile(`^(\s+)[A-Z][A-Z0-9_]*_DB_PASSWORD:`)
 
 // compose appends the service to docker-compose.yml, whose last key must be
@@ -193,17 +210,7 @@ func (e *editor) compose(d *data, index int) (int, error) {
 	if _, ok := cfg.Services["postgres"]; !ok {
 		return 0, fmt.Errorf("%s: no postgres service", composeFile)
 	}
-	taken := make(map[int]bool)
-	for _, s := range cfg.Services {
-		for _, p := range s.Ports {
-			parts := strings.Split(p, ":")
-			if len(parts) >= 2 {
-				if n, err := strconv.Atoi(parts[len(parts)-2]); err == nil {
-					taken[n] = true
-				}
-			}
-		}
-	}
+	taken := cfg.hostPorts()
 	d.HostPort = firstHostPort + index
 	for taken[d.HostPort] {
 		d.HostPort++
@@ -327,4 +334,69 @@ func withNewline(b []byte) []byte {
 		return append(slices.Clone(b), '\n')
 	}
 	return b
+}
+
+// streams declares the service's durables in internal/streams, beside the
+// saga's — a constant each, after the last durable's, and an entry each at
+// the end of streams.Saga's consumers — and the stream of the event it
+// emits the same way. From there every service, provisioning and the
+// auditor see them.
+func (e *editor) streams(d data) error {
+	if len(d.Subscriptions) == 0 && d.Emits == nil {
+		return nil
+	}
+	src, fset, f, err := e.parse(streamsFile)
+	if err != nil {
+		return err
+	}
+	taken := stringConsts([]*ast.File{f}, "")
+	refuse := func(ident, value string) error {
+		for k, v := range taken {
+			if k == ident || v == value {
+				return fmt.Errorf("service %q: %s declares %s = %q already", d.Name, streamsFile, k, v)
+			}
+		}
+		return nil
+	}
+	var ins insertions
+	// Each list gets its entries at its end, their constants after the
+	// constant of its last entry.
+	for _, l := range []struct {
+		list, key       string
+		add             bool
+		consts, entries string
+	}{
+		{"Streams", "Name", d.Emits != nil, "streams-stream-const.tmpl", "streams-stream.tmpl"},
+		{"Consumers", "Durable", len(d.Subscriptions) > 0, "streams-durables.tmpl", "streams-consumers.tmpl"},
+	} {
+		if !l.add {
+			continue
+		}
+		list := keyedList(f, "Saga", l.list)
+		if list == nil || len(list.Elts) == 0 {
+			return fmt.Errorf("%s: no %s list in Saga to add to", streamsFile, l.list)
+		}
+		last := list.Elts[len(list.Elts)-1]
+		spec := specOf(f, field(last, l.key))
+		if spec == nil {
+			return fmt.Errorf("%s: no constant for the %s of Saga's last %s", streamsFile, l.key, l.list)
+		}
+		if err := ins.add(src, fset, spec.End(), l.consts, d); err != nil {
+			return err
+		}
+		if err := ins.add(src, fset, last.End(), l.entries, d); err != nil {
+			return err
+		}
+	}
+	if d.Emits != nil {
+		if err := refuse(d.Emits.Stream.Const, d.Emits.Stream.Name); err != nil {
+			return err
+		}
+	}
+	for _, s := range d.Subscriptions {
+		if err := refuse(s.DurableConst, s.Durable); err != nil {
+			return err
+		}
+	}
+	return e.setFormatted(streamsFile, ins.apply(src))
 }

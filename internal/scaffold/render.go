@@ -24,7 +24,7 @@ var templates = sync.OnceValues(func() (*template.Template, error) {
 		"quoteList":    quoteList,
 		"lowerFirst":   lowerFirst,
 		"sample":       sample,
-		"durableConst": func(e Event) string { return "Durable" + titleCase(e.Stream.Name) },
+		"durableConst": func(name string, e Event) string { return titleCase(name) + titleCase(e.Stream.Name) },
 	}).ParseFS(templateFS, "templates/*.tmpl", "templates/*/*.tmpl")
 })
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"go/token"
 	"go/types"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -32,6 +33,11 @@ type Config struct {
 	// Consumes are the events the service consumes, each by its constant in
 	// package event (OrderConfirmed) or its CloudEvents type.
 	Consumes []string
+	// Emits, when set, is the event the service emits for each event it
+	// consumes: a new type, by the name of its constant in package event
+	// (PointsAwarded), added to internal/event on a stream of the service's
+	// own.
+	Emits string
 	// Reserved are names the service may not take besides those the
 	// repository uses, such as the command line's commands.
 	Reserved []string
@@ -51,6 +57,8 @@ type Result struct {
 	HostPort int
 	// Subscriptions are the durable consumers of the service.
 	Subscriptions []Subscription
+	// Emits is the event type the service emits, nil for none.
+	Emits *Emitted
 }
 
 // Subscription is one durable consumer of a generated service: one per
@@ -59,7 +67,9 @@ type Subscription struct {
 	Stream Stream
 	// Durable is the consumer's name, e.g. loyalty-orders.
 	Durable string
-	// DurableConst is its constant in the service's package.
+	// DurableConst is its constant in package streams, e.g. LoyaltyOrders:
+	// a generated service's durables are declared with the saga's, in
+	// streams.Saga.
 	DurableConst string
 	// Subjects filter the stream to the consumed events.
 	Subjects []string
@@ -77,6 +87,7 @@ type data struct {
 	HostPort      int
 	Events        []Event
 	Subscriptions []Subscription
+	Emits         *Emitted // nil: the service emits nothing
 	Services      []string // the registry's, with Name last
 }
 
@@ -93,68 +104,15 @@ func Generate(ctx context.Context, cfg Config) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	if err := checkModule(root); err != nil {
-		return Result{}, err
-	}
-	name := cfg.Name
-	if err := checkName(name); err != nil {
-		return Result{}, err
-	}
-	for _, dir := range serviceDirs(name) {
-		if _, err := os.Lstat(filepath.Join(root, dir)); err == nil {
-			return Result{}, fmt.Errorf("service %q exists: %s is there", name, dir)
-		} else if !errors.Is(err, os.ErrNotExist) {
-			return Result{}, err
-		}
-	}
-	if slices.Contains(fixedReserved, name) || slices.Contains(cfg.Reserved, name) {
-		return Result{}, fmt.Errorf("service name %q: taken by a command or by the repository", name)
-	}
-
-	cat, err := loadCatalog(root)
+	d, edits, err := plan(root, cfg)
 	if err != nil {
 		return Result{}, err
 	}
-	events, err := resolveEvents(cat, cfg.Consumes)
-	if err != nil {
-		return Result{}, err
-	}
-
-	// The existing files to change, changed in memory first: anything
-	// they refuse is refused before a file is written.
-	edits := &editor{root: root}
-	services, err := edits.registryNames()
-	if err != nil {
-		return Result{}, err
-	}
-	if slices.Contains(services, name) {
-		return Result{}, fmt.Errorf("service %q exists: internal/registry lists it", name)
-	}
-	d := data{
-		Name:          name,
-		EnvPrefix:     strings.ToUpper(name),
-		Events:        events,
-		Subscriptions: subscriptions(name, events),
-		Services:      append(slices.Clone(services), name),
-	}
-	if d.HostPort, err = edits.compose(&d, len(services)); err != nil {
-		return Result{}, err
-	}
-	if err := edits.sqlc(d); err != nil {
-		return Result{}, err
-	}
-	if err := edits.registry(d); err != nil {
-		return Result{}, err
-	}
-	if err := edits.prometheus(d); err != nil {
-		return Result{}, err
-	}
-
 	files, err := renderService(d)
 	if err != nil {
 		return Result{}, err
 	}
-	if err := checkImports(name, files, edits.changed[registryFile]); err != nil {
+	if err := checkImports(d.Name, files, edits.changed[registryFile]); err != nil {
 		return Result{}, err
 	}
 
@@ -167,27 +125,82 @@ func Generate(ctx context.Context, cfg Config) (Result, error) {
 	if err := st.write(files); err != nil {
 		return Result{}, err
 	}
-	generated, err := st.sqlc(ctx, cmp.Or(cfg.Go, "go"), name, edits.changed[sqlcFile])
+	generated, err := st.sqlc(ctx, cmp.Or(cfg.Go, "go"), d.Name, edits.changed[sqlcFile])
 	if err != nil {
 		return Result{}, err
 	}
 	for _, f := range generated {
 		files[f] = nil // written by sqlc, already in staging
 	}
-	if err := st.commit(serviceDirs(name), edits.changed); err != nil {
+	if err := st.commit(serviceDirs(d.Name), edits.changed); err != nil {
 		return Result{}, err
 	}
 
-	res := Result{HostPort: d.HostPort, Subscriptions: d.Subscriptions}
-	for f := range files {
-		res.Created = append(res.Created, f)
-	}
-	for f := range edits.changed {
-		res.Changed = append(res.Changed, f)
-	}
-	slices.Sort(res.Created)
-	slices.Sort(res.Changed)
+	res := Result{HostPort: d.HostPort, Subscriptions: d.Subscriptions, Emits: d.Emits}
+	res.Created = slices.Sorted(maps.Keys(files))
+	res.Changed = slices.Sorted(maps.Keys(edits.changed))
 	return res, nil
+}
+
+// plan checks cfg against the repository at root and returns what to
+// render the service with and the existing files' new contents, computed in
+// memory: anything they refuse is refused before a file is written.
+func plan(root string, cfg Config) (data, *editor, error) {
+	if err := checkModule(root); err != nil {
+		return data{}, nil, err
+	}
+	name := cfg.Name
+	if err := checkName(name); err != nil {
+		return data{}, nil, err
+	}
+	for _, dir := range serviceDirs(name) {
+		if _, err := os.Lstat(filepath.Join(root, dir)); err == nil {
+			return data{}, nil, fmt.Errorf("service %q exists: %s is there", name, dir)
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return data{}, nil, err
+		}
+	}
+	if slices.Contains(fixedReserved, name) || slices.Contains(cfg.Reserved, name) {
+		return data{}, nil, fmt.Errorf("service name %q: taken by a command or by the repository", name)
+	}
+
+	cat, err := loadCatalog(root)
+	if err != nil {
+		return data{}, nil, err
+	}
+	events, err := resolveEvents(cat, cfg.Consumes)
+	if err != nil {
+		return data{}, nil, err
+	}
+	emits, err := resolveEmitted(cat, name, cfg.Emits, events)
+	if err != nil {
+		return data{}, nil, err
+	}
+	edits := &editor{root: root}
+	services, err := edits.registryNames()
+	if err != nil {
+		return data{}, nil, err
+	}
+	if slices.Contains(services, name) {
+		return data{}, nil, fmt.Errorf("service %q exists: internal/registry lists it", name)
+	}
+	d := data{
+		Name:          name,
+		EnvPrefix:     strings.ToUpper(name),
+		Events:        events,
+		Subscriptions: subscriptions(name, events),
+		Emits:         emits,
+		Services:      append(slices.Clone(services), name),
+	}
+	if d.HostPort, err = edits.compose(&d, len(services)); err != nil {
+		return data{}, nil, err
+	}
+	for _, edit := range []func(data) error{edits.sqlc, edits.registry, edits.prometheus, edits.streams, edits.event} {
+		if err := edit(d); err != nil {
+			return data{}, nil, err
+		}
+	}
+	return d, edits, nil
 }
 
 // serviceDirs are the directories a service owns, relative to the root.
@@ -266,7 +279,7 @@ func subscriptions(name string, events []Event) []Subscription {
 			subs = append(subs, Subscription{
 				Stream:       e.Stream,
 				Durable:      name + "-" + strings.ToLower(e.Stream.Name),
-				DurableConst: "Durable" + title,
+				DurableConst: titleCase(name) + title,
 				Handler:      "handle" + title + "Event",
 			})
 			i = len(subs) - 1

@@ -21,4 +21,10 @@
 // is still current, so that it cannot undo a reservation made since. Each
 // writes a stock movement in its transaction: available + reserved = the
 // sum of a SKU's movements, which the auditor checks.
+//
+// Read inventory.go first: its handlers are the pattern, one event on the inbox's
+// transaction. batch.go is an optional optimisation, to read last: the
+// set-based forms of HandlePaymentDebited (inbox.BatchHandler), which the inbox
+// uses for a batch of new events and falls back from to the per-event
+// handlers on any error; CONSUMER_SET_BASED=false turns them off.
 package inventory

@@ -26,4 +26,10 @@
 //     e-mail again, with the same Message-ID ("<event-id@onceflow>"), so the
 //     resend is recognisable downstream; one transaction per batch bounds
 //     this to the batch in hand (MAILER_BATCH_SIZE e-mails).
+//
+// Read notify.go first: its handlers are the pattern, one event on the inbox's
+// transaction. batch.go is an optional optimisation, to read last: the
+// set-based forms of HandleOrderMilestone (inbox.BatchHandler), which the inbox
+// uses for a batch of new events and falls back from to the per-event
+// handlers on any error; CONSUMER_SET_BASED=false turns them off.
 package notify

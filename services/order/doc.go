@@ -14,4 +14,10 @@
 // a terminal state, so a terminal event is emitted exactly once; and every
 // event is recorded once in the order's timeline, whether or not it changed
 // the status.
+//
+// Read order.go first: its handlers are the pattern, one event on the
+// inbox's transaction. batch.go is an optional optimisation, to read last:
+// the set-based forms of its subscriptions' handlers (inbox.BatchHandler),
+// which the inbox uses for a batch of new events and falls back from to the
+// per-event handlers on any error; CONSUMER_SET_BASED=false turns them off.
 package order

@@ -9,4 +9,10 @@
 // impossible even if an event were re-emitted under a new id; the inbox makes
 // each event's effect happen once. A balance never goes negative (a CHECK
 // and a conditional UPDATE) and a refund never exceeds its debit.
+//
+// Read payment.go first: its handlers are the pattern, one event on the inbox's
+// transaction. batch.go is an optional optimisation, to read last: the
+// set-based forms of HandleOrderPlaced and HandleStockRejected (inbox.BatchHandler), which the inbox
+// uses for a batch of new events and falls back from to the per-event
+// handlers on any error; CONSUMER_SET_BASED=false turns them off.
 package payment

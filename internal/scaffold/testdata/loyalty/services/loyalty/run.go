@@ -1,0 +1,25 @@
+package loyalty
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/onceflow/onceflow/internal/app"
+	"github.com/onceflow/onceflow/internal/streams"
+)
+
+// Name is the service's name: its event source, migration set and logs.
+const Name = "loyalty"
+
+// Run runs the loyalty service until ctx is done.
+func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
+	return app.Run(ctx, Name, cfg.Config, logger, func(d app.Deps) (app.Spec, error) {
+		s := New(d.Pool)
+		return app.Spec{
+			Subscriptions: []app.Subscription{
+				{Stream: streams.Orders, Durable: streams.LoyaltyOrders, Handler: s.HandleOrderConfirmed},
+			},
+			Routes: s.Routes,
+		}, nil
+	})
+}
