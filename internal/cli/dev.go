@@ -92,7 +92,8 @@ type devFlags struct {
 	consolePort int
 }
 
-// parseDev parses onceflow dev's flags and environment.
+// parseDev parses onceflow dev's flags and environment; after printing
+// the usage for -h it returns errHelp.
 func parseDev(inv invocation, args []string) (dev.Config, devFlags, error) {
 	defaults := dev.DefaultPorts()
 	fs := flagSet("dev", commandUsage("dev"), `
