@@ -52,6 +52,7 @@ func TestCommandHelp(t *testing.T) {
 		"migrate":     {"Usage: onceflow migrate [service...]", "ORDER_DATABASE_URL"},
 		"healthcheck": {"Usage: onceflow healthcheck [--timeout D] URL", "-timeout"},
 		"outbox":      {"Usage: onceflow outbox redrive --since"},
+		"mail":        {"Usage: onceflow mail retry [--order ID]"},
 	}
 	for name, want := range tests {
 		for _, args := range [][]string{{"help", name}, {name, "-h"}} {
@@ -87,6 +88,9 @@ func TestBadInvocations(t *testing.T) {
 		{[]string{"outbox", "redrive", "--since", "yesterday"}, `outbox redrive: --since "yesterday": want an RFC 3339 time or a positive duration`},
 		{[]string{"outbox", "redrive", "--since", "-5m"}, "want an RFC 3339 time or a positive duration"},
 		{[]string{"healthcheck"}, "healthcheck: want exactly one URL"},
+		{[]string{"mail"}, "mail: want 'onceflow mail retry [--order ID] [--since RFC3339|DURATION]'"},
+		{[]string{"mail", "retry", "--order", "42"}, `mail retry: --order "42": not an order id`},
+		{[]string{"mail", "retry", "--since", "soon"}, `mail retry: --since "soon": want an RFC 3339 time or a positive duration`},
 	}
 	for _, tt := range tests {
 		_, _, err := run(t, tt.args...)

@@ -17,12 +17,9 @@ type outboxEnv struct {
 }
 
 func runOutbox(ctx context.Context, inv invocation, args []string) error {
-	if len(args) == 0 || args[0] != "redrive" {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
-			fmt.Fprintf(inv.stdout, "Usage: onceflow outbox %s\n\nRun 'onceflow outbox redrive -h' for its flags.\n", commandUsage("outbox"))
-			return nil
-		}
-		return fmt.Errorf("outbox: want 'onceflow outbox %s'", commandUsage("outbox"))
+	args, help, err := subcommand(inv, "outbox", "redrive", args)
+	if help || err != nil {
+		return err
 	}
 	fs := flagSet("outbox redrive", "--since RFC3339|DURATION", `
 Marks every row of DATABASE_URL's outbox that was sent at or after --since as
@@ -32,7 +29,7 @@ harmless: the stream's duplicate window drops what it still remembers and
 the consumers' inbox absorbs the rest. Rows the outbox cleaner has deleted
 (older than OUTBOX_RETENTION) are out of reach.`)
 	sinceFlag := fs.String("since", "", "redrive rows sent since this time: RFC 3339 (2026-01-02T15:04:05Z) or a duration ago (90m)")
-	if err := parse(fs, args[1:], inv.stdout); err != nil {
+	if err := parse(fs, args, inv.stdout); err != nil {
 		return helped(err)
 	}
 	if fs.NArg() > 0 {

@@ -66,3 +66,14 @@ SELECT
     now()::timestamptz                            AS now
 FROM notifications
 WHERE status = 'PENDING';
+
+-- name: RetryFailedNotifications :execrows
+-- Gives FAILED e-mails a new round of attempts, those of @order_id if it is
+-- given and those created at or after @since: back to PENDING with no
+-- attempts, due now. The Message-ID stays, so that an e-mail that did reach
+-- its server before is recognisably the same one.
+UPDATE notifications
+SET status = 'PENDING', attempts = 0, next_attempt_at = now()
+WHERE status = 'FAILED'
+  AND (sqlc.narg(order_id)::uuid IS NULL OR order_id = sqlc.narg(order_id)::uuid)
+  AND created_at >= @since;

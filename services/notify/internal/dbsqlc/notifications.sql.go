@@ -276,3 +276,28 @@ func (q *Queries) MarkNotificationsSent(ctx context.Context, db DBTX, ids []int6
 	_, err := db.Exec(ctx, markNotificationsSent, ids)
 	return err
 }
+
+const retryFailedNotifications = `-- name: RetryFailedNotifications :execrows
+UPDATE notifications
+SET status = 'PENDING', attempts = 0, next_attempt_at = now()
+WHERE status = 'FAILED'
+  AND ($1::uuid IS NULL OR order_id = $1::uuid)
+  AND created_at >= $2
+`
+
+type RetryFailedNotificationsParams struct {
+	OrderID pgtype.UUID
+	Since   time.Time
+}
+
+// Gives FAILED e-mails a new round of attempts, those of @order_id if it is
+// given and those created at or after @since: back to PENDING with no
+// attempts, due now. The Message-ID stays, so that an e-mail that did reach
+// its server before is recognisably the same one.
+func (q *Queries) RetryFailedNotifications(ctx context.Context, db DBTX, arg RetryFailedNotificationsParams) (int64, error) {
+	result, err := db.Exec(ctx, retryFailedNotifications, arg.OrderID, arg.Since)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
