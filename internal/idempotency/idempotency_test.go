@@ -233,3 +233,12 @@ func TestCleanerExpiresOldKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, replayed, "the recent key is kept")
 }
+
+// The parts of a fingerprint are told apart: moving bytes from one part to
+// the next makes another request.
+func TestFingerprintSeparatesItsParts(t *testing.T) {
+	t.Parallel()
+	f := idempotency.Fingerprint
+	require.Equal(t, f([]byte("POST"), []byte("/a"), []byte("b")), f([]byte("POST"), []byte("/a"), []byte("b")))
+	require.NotEqual(t, f([]byte("POST"), []byte("/ab"), []byte("c")), f([]byte("POST"), []byte("/a"), []byte("bc")))
+}

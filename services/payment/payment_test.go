@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/app"
@@ -262,4 +263,57 @@ func emitted(t *testing.T, svc *apptest.Service) int {
 	var n int
 	require.NoError(t, svc.DB.Pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox`).Scan(&n))
 	return n
+}
+
+// failCommitsOnWallets makes every commit that changed a wallet fail, by a
+// trigger deferred to the commit, until the returned function lifts the
+// fault: a transaction whose every statement succeeded and whose commit
+// does not.
+func failCommitsOnWallets(t *testing.T, svc *apptest.Service) (lift func()) {
+	t.Helper()
+	_, err := svc.DB.Pool.Exec(t.Context(), `
+		CREATE TABLE test_fault (on_ boolean NOT NULL);
+		INSERT INTO test_fault VALUES (true);
+		CREATE FUNCTION test_fail_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF (SELECT on_ FROM test_fault) THEN
+				RAISE EXCEPTION 'test fault: commit refused';
+			END IF;
+			RETURN NULL;
+		END $$;
+		CREATE CONSTRAINT TRIGGER test_fail_commit AFTER UPDATE ON wallets
+			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_fail_commit();`)
+	require.NoError(t, err)
+	return func() {
+		_, err := svc.DB.Pool.Exec(t.Context(), `UPDATE test_fault SET on_ = false`)
+		require.NoError(t, err)
+	}
+}
+
+// TestRefundWhoseCommitFailsEmitsNothing fails the commit of a refund, after
+// every statement of its handler, event included, succeeded: the event is
+// not emitted, and once the fault is lifted the redelivery refunds and
+// emits once. The refund's event is written in the refund's transaction.
+func TestRefundWhoseCommitFailsEmitsNothing(t *testing.T) {
+	t.Parallel()
+	apptest.EachConsumerMode(t, "", func(t *testing.T, mode func(*app.Config)) {
+		svc := start(t, mode, func(cfg *app.Config) { cfg.ConsumerMaxDeliver = 100 })
+		credit(t, svc, "heidi", 1000)
+		placed := orderPlaced(t, "heidi", 400)
+		svc.Publish(t, placed)
+		requireProcessed(t, svc, streams.PaymentOrders, 1)
+
+		lift := failCommitsOnWallets(t, svc)
+		svc.Publish(t, stockRejected(t, placed))
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			assert.GreaterOrEqual(c, svc.InboxCount(c, streams.PaymentInventory, "retried"), 2)
+		}, 20*time.Second, 20*time.Millisecond, "the refund's commit fails")
+		require.Equal(t, 1, emitted(t, svc), "the debit, and no refund")
+		require.Equal(t, int64(600), balance(t, svc, "heidi"))
+
+		lift()
+		requireProcessed(t, svc, streams.PaymentInventory, 1)
+		require.Equal(t, int64(1000), balance(t, svc, "heidi"))
+		require.Equal(t, 2, emitted(t, svc), "the debit and one refund")
+	})
 }
