@@ -68,7 +68,7 @@ func onceflowServices(t *testing.T, project *types.Project) map[string]service {
 	}
 	found := make(map[string]service)
 	for name, svc := range project.Services {
-		if svc.Build == nil {
+		if svc.Build == nil || name == "console" { // the console is no service (TestComposeConsole)
 			continue
 		}
 		require.Len(t, svc.Command, 1, "compose service %s: command", name)
@@ -309,4 +309,34 @@ func mountedAt(svc types.ServiceConfig, path string) bool {
 		}
 	}
 	return false
+}
+
+// The console reads what compose sets, listens where it is published and
+// checked, and reads every service's database.
+func TestComposeConsole(t *testing.T) {
+	t.Parallel()
+	project := loadCompose(t)
+	svc, ok := project.Services["console"]
+	require.True(t, ok)
+	require.Equal(t, []string{"console"}, []string(svc.Command))
+	read := []string{"NATS_URL", "LOG_FORMAT"}
+	for _, cfg := range []any{new(consoleEnv), new(LogConfig)} {
+		params, err := env.GetFieldParams(cfg)
+		require.NoError(t, err)
+		for _, p := range params {
+			read = append(read, p.Key)
+		}
+	}
+	for _, name := range serviceNames() {
+		read = append(read, strings.ToUpper(name)+"_DATABASE_URL")
+		require.NotNil(t, svc.Environment[strings.ToUpper(name)+"_DATABASE_URL"], name)
+	}
+	for key := range svc.Environment {
+		require.Contains(t, read, key, "compose sets %s, which `onceflow console` does not read", key)
+	}
+	_, port, err := net.SplitHostPort(*svc.Environment["CONSOLE_ADDR"])
+	require.NoError(t, err)
+	require.Len(t, svc.Ports, 1)
+	require.Equal(t, port, strconv.FormatUint(uint64(svc.Ports[0].Target), 10))
+	require.Contains(t, strings.Join(svc.HealthCheck.Test, " "), "/onceflow healthcheck http://127.0.0.1:"+port+"/healthz")
 }

@@ -102,6 +102,7 @@ func (s *Server) Handler() http.Handler {
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.errorPage
 	e.GET("/", func(c echo.Context) error { return c.Redirect(http.StatusSeeOther, "/orders") })
+	e.GET("/healthz", func(c echo.Context) error { return c.String(http.StatusOK, "ok") })
 	e.GET("/orders", s.ordersPage)
 	e.GET("/orders/rows", s.ordersRows)
 	e.GET("/orders/:id", s.orderPage)
