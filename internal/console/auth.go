@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"crypto/subtle"
 	"errors"
 	"net/http"
@@ -23,7 +24,7 @@ const tokenCookie = "onceflow_console_token"
 type Authorizer interface {
 	// Operator returns the name of the operator whose credentials token
 	// carries, or ErrUnauthenticated or ErrForbidden.
-	Operator(token string) (string, error)
+	Operator(ctx context.Context, token string) (string, error)
 }
 
 // TokenAuth accepts one shared operator token, configured when the console
@@ -35,7 +36,7 @@ type TokenAuth struct {
 }
 
 // Operator implements Authorizer.
-func (a TokenAuth) Operator(token string) (string, error) {
+func (a TokenAuth) Operator(_ context.Context, token string) (string, error) {
 	switch {
 	case token == "":
 		return "", ErrUnauthenticated
@@ -68,7 +69,7 @@ func requestToken(r *http.Request) string {
 // operator's session.
 func sameOrigin(r *http.Request) bool {
 	origin := r.Header.Get("Origin")
-	if origin == "" || origin == "null" {
+	if origin == "" {
 		return r.Header.Get("Sec-Fetch-Site") != "cross-site"
 	}
 	_, host, _ := strings.Cut(origin, "://")

@@ -86,7 +86,7 @@ func (s *Server) who(c echo.Context) (string, error) {
 	if s.cfg.Auth == nil {
 		return "", ErrForbidden
 	}
-	return s.cfg.Auth.Operator(requestToken(c.Request()))
+	return s.cfg.Auth.Operator(c.Request().Context(), requestToken(c.Request()))
 }
 
 func (s *Server) dlqReplay(c echo.Context) error {

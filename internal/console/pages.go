@@ -107,7 +107,7 @@ func (s *Server) login(c echo.Context) error {
 	if s.cfg.Auth == nil {
 		return echo.NewHTTPError(http.StatusForbidden, "this console lets nobody act")
 	}
-	if _, err := s.cfg.Auth.Operator(token); err != nil {
+	if _, err := s.cfg.Auth.Operator(c.Request().Context(), token); err != nil {
 		return s.render(c, http.StatusForbidden, "login", map[string]any{"Error": "that token is not an operator's: " + err.Error(), "Hint": s.cfg.AuthHint})
 	}
 	c.SetCookie(&http.Cookie{Name: tokenCookie, Value: token, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
