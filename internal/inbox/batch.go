@@ -3,6 +3,7 @@ package inbox
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -18,15 +19,24 @@ import (
 
 // This file is the fast path, read after processOne: the same steps for a
 // whole batch in one transaction (Config.Batched). It claims every event
-// of the batch with one statement, sent with BEGIN; runs the handlers of
-// the new ones, or the set-based BatchHandler once for all of them; and
-// commits once, with the set-based handler's queued writes. When anything
-// fails, nothing of the batch is committed and each message is processed
-// again on the reference path, in a transaction of its own: a failure then
-// fails only its own event, and no transaction of the fallback holds the
-// locks of more than one event, so it cannot deadlock with a batch that
-// locks the same rows in another order. Failures are rare; the fallback
-// costs a batch of transactions when one happens.
+// of the batch with one statement; runs the handlers of the new ones, or
+// the set-based BatchHandler once for all of them; and commits once, with
+// the set-based handler's queued writes. When anything fails, nothing of
+// the batch is committed and each message is processed again on the
+// reference path, in a transaction of its own: a failure then fails only
+// its own event, and no transaction of the fallback holds the locks of more
+// than one event, so it cannot deadlock with a batch that locks the same
+// rows in another order. Failures are rare; the fallback costs a batch of
+// transactions when one happens.
+//
+// The claim costs no round trip of its own. A batch of first deliveries is
+// claimed ahead (claimAhead): a plain insert of every event, which needs no
+// answer, sent with BEGIN in the round trip of the handlers' first
+// statement, on the bet that none was processed before. The bet is lost
+// only by an event published again past the broker's duplicate window; the
+// insert then fails, and the transaction with it, and the batch is claimed
+// again asking which events are new (claimBatch, ON CONFLICT DO NOTHING
+// RETURNING, sent with BEGIN), as a batch with a redelivery is at once.
 
 // processBatch processes msgs in one transaction and settles each, or falls
 // back to processOne for each message when the transaction fails.
@@ -40,7 +50,11 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []jetstream.Msg) {
 	if len(ds) == 0 {
 		return
 	}
-	err := c.commitBatch(ctx, ds)
+	ahead := !slices.ContainsFunc(ds, func(d *delivery) bool { return d.meta.NumDelivered > 1 })
+	err := c.commitBatch(ctx, ds, ahead)
+	if errors.Is(err, errProcessedBefore) {
+		err = c.commitBatch(ctx, ds, false)
+	}
 	switch {
 	case err == nil:
 		for _, d := range ds {
@@ -59,25 +73,35 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []jetstream.Msg) {
 	}
 }
 
+// errProcessedBefore is the failure of a batch claimed ahead when one of
+// its events was processed before.
+var errProcessedBefore = errors.New("an event of the batch was processed before")
+
 // commitBatch claims, handles and commits ds in one transaction, and
-// records each delivery's outcome. If it fails, nothing is committed and
-// no outcome is recorded.
-func (c *Consumer) commitBatch(ctx context.Context, ds []*delivery) (err error) {
+// records each delivery's outcome; with ahead, it claims them ahead (see
+// claimAhead). If it fails, nothing is committed and no outcome is
+// recorded.
+func (c *Consumer) commitBatch(ctx context.Context, ds []*delivery, ahead bool) (err error) {
 	start := time.Now()
 	defer func() { c.cfg.Observer.Transaction(len(ds), time.Since(start), err) }()
 	begin := postgres.BeginWith(c.pool) // BEGIN goes with the claim
 	defer begin.End(ctx)                // rolls back unless committed
 
-	claim, err := c.claimBatch(ctx, begin, ds)
-	if err != nil {
+	var claim *batchClaim
+	if ahead {
+		claim = c.claimAhead(ctx, begin, ds)
+	} else if claim, err = c.claimBatch(ctx, begin, ds); err != nil {
 		return fmt.Errorf("claim: %w", err)
 	}
 	writes, err := c.handleNew(ctx, begin.Tx(), claim.fresh)
-	if err != nil {
-		return err
+	if err == nil {
+		err = begin.Commit(ctx, writes)
 	}
-	if err := begin.Commit(ctx, writes); err != nil {
-		return fmt.Errorf("commit: %w", err)
+	if err != nil {
+		if postgres.IsUniqueViolation(claim.aheadErr) {
+			return errProcessedBefore
+		}
+		return err
 	}
 	claim.settled()
 	return nil
@@ -87,10 +111,11 @@ func (c *Consumer) commitBatch(ctx context.Context, ds []*delivery) (err error) 
 type batchClaim struct {
 	fresh      []*delivery // new events, in delivery order: to handle
 	duplicates []*delivery // processed before, or a copy of an event earlier in the batch
+	aheadErr   error       // the failure of a claim sent ahead, once sent
 }
 
 // settled records the outcomes once the batch committed.
-func (b batchClaim) settled() {
+func (b *batchClaim) settled() {
 	for _, d := range b.fresh {
 		d.outcome = processed
 	}
@@ -99,12 +124,10 @@ func (b batchClaim) settled() {
 	}
 }
 
-// claimBatch claims the events of ds with one statement, in event id order
-// (the query sorts too), so that two batches that overlap after a
-// redelivery lock their keys in the same order and cannot deadlock. It is
-// sent with BEGIN in one round trip; for a set-based batch, so is the
-// setting that plans its reads for their arguments (PlanEachCall).
-func (c *Consumer) claimBatch(ctx context.Context, begin *postgres.TxStart, ds []*delivery) (batchClaim, error) {
+// claimArgs is the claim of ds's events, in event id order (the queries
+// sort too), so that two batches that overlap after a redelivery lock
+// their keys in the same order and cannot deadlock.
+func (c *Consumer) claimArgs(ds []*delivery) dbsqlc.ClaimEventsParams {
 	byID := slices.SortedFunc(slices.Values(ds), func(a, b *delivery) int {
 		return bytes.Compare(a.ev.ID[:], b.ev.ID[:])
 	})
@@ -115,19 +138,47 @@ func (c *Consumer) claimBatch(ctx context.Context, begin *postgres.TxStart, ds [
 		arg.EventTimes = append(arg.EventTimes, d.ev.Time)
 		arg.StreamSeqs = append(arg.StreamSeqs, int64(d.meta.Sequence.Stream))
 	}
-	if c.cfg.BatchHandler != nil {
-		// A batch's arrays would defeat a generic plan of its reads.
-		_ = c.queries.PlanEachCall(ctx, begin.Ahead()) // queued: its error is the claim's
+	return arg
+}
+
+// claimAhead queues the claim of every event of ds on begin's Ahead, to go
+// with BEGIN in the round trip of the handlers' first statement (or of the
+// COMMIT), and returns them all as fresh, but for the copies of an event
+// earlier in the batch. If one of them was processed before, the claim
+// fails with a unique violation, which the returned claim's aheadErr holds
+// once it was sent, and so does the statement that carried it.
+func (c *Consumer) claimAhead(ctx context.Context, begin *postgres.TxStart, ds []*delivery) *batchClaim {
+	b := &batchClaim{}
+	seen := make(map[uuid.UUID]bool, len(ds))
+	unique := make([]*delivery, 0, len(ds))
+	for _, d := range ds {
+		if seen[d.ev.ID] {
+			b.duplicates = append(b.duplicates, d)
+			continue
+		}
+		seen[d.ev.ID] = true
+		unique = append(unique, d)
 	}
-	claimed, err := c.queries.ClaimEvents(ctx, begin, arg)
+	b.fresh = unique
+	c.planReads(ctx, begin)
+	begin.Ahead().AfterSend(func(err error) { b.aheadErr = err })
+	_ = c.queries.ClaimNewEvents(ctx, begin.Ahead(), dbsqlc.ClaimNewEventsParams(c.claimArgs(unique))) // queued
+	return b
+}
+
+// claimBatch claims the events of ds with one statement that answers which
+// are new, sent with BEGIN in one round trip.
+func (c *Consumer) claimBatch(ctx context.Context, begin *postgres.TxStart, ds []*delivery) (*batchClaim, error) {
+	c.planReads(ctx, begin)
+	claimed, err := c.queries.ClaimEvents(ctx, begin, c.claimArgs(ds))
 	if err != nil {
-		return batchClaim{}, err
+		return nil, err
 	}
 	isNew := make(map[uuid.UUID]bool, len(claimed))
 	for _, id := range claimed {
 		isNew[id] = true
 	}
-	var b batchClaim
+	b := &batchClaim{}
 	for _, d := range ds {
 		if isNew[d.ev.ID] {
 			isNew[d.ev.ID] = false // a second copy in the batch is a duplicate
@@ -137,6 +188,14 @@ func (c *Consumer) claimBatch(ctx context.Context, begin *postgres.TxStart, ds [
 		}
 	}
 	return b, nil
+}
+
+// planReads queues, for a set-based batch, the setting that plans its
+// reads for their arguments: a batch's arrays would defeat a generic plan.
+func (c *Consumer) planReads(ctx context.Context, begin *postgres.TxStart) {
+	if c.cfg.BatchHandler != nil {
+		_ = c.queries.PlanEachCall(ctx, begin.Ahead()) // queued: its error is the claim's
+	}
 }
 
 // handleNew runs the handlers for the new events of the batch, in delivery

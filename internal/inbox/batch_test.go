@@ -99,8 +99,11 @@ func TestBatchHandlerGetsTheNewEventsInFetchOrder(t *testing.T) {
 	require.EventuallyWithT(t, func(c2 *assert.CollectT) {
 		assert.Equal(c2, inbox.Stats{Processed: 3, Duplicates: 2}, c.Stats())
 	}, waitFor, tick)
-	// The claim asked which events were new before the handler ran.
-	require.Equal(t, [][]uuid.UUID{{ev1.ID, ev2.ID, ev3.ID}}, rec.all(), "the new ones only, once each, in delivery order")
+	// The batch of first deliveries was claimed ahead, on the bet that its
+	// events were new: it lost, and the batch ran again, claimed asking
+	// which were new. A copy of an event in the batch is not claimed twice.
+	require.Equal(t, [][]uuid.UUID{{ev1.ID, old.ID, ev2.ID, ev3.ID}, {ev1.ID, ev2.ID, ev3.ID}}, rec.all(),
+		"every event once, then the new ones only, in delivery order")
 	require.Zero(t, perEvent.Load(), "the per-event handler is only the fallback")
 	for _, ev := range []event.Envelope{ev1, ev2, ev3} {
 		require.EqualValues(t, 1, e.effects(t, ev.ID))
@@ -158,7 +161,8 @@ func TestBatchReadsArePlannedPerCallAndWritesGeneric(t *testing.T) {
 
 // What a transaction costs in round trips: the reference path sends each
 // statement on its own (BEGIN, the claim, the handler's statements,
-// COMMIT); the batch path sends the claim with BEGIN, and a set-based
+// COMMIT); the batch path sends BEGIN and the claim of a batch of first
+// deliveries with the handlers' first statement, and a set-based
 // handler's writes with the COMMIT.
 func TestRoundTripsOfATransaction(t *testing.T) {
 	t.Parallel()
@@ -178,9 +182,9 @@ func TestRoundTripsOfATransaction(t *testing.T) {
 	}{
 		{"unbatched, a write", inbox.Config{}, writeEffect, 4 * events},
 		{"unbatched, a read and a write", inbox.Config{}, readThenWrite, 5 * events},
-		{"batched, a write each", inbox.Config{Batched: true}, writeEffect, 1 + events + 1},
-		{"batched, a read and a write each", inbox.Config{Batched: true}, readThenWrite, 1 + 2*events + 1},
-		{"set-based, a read and a write", inbox.Config{Batched: true, BatchHandler: readThenWriteEffects}, writeEffect, 3},
+		{"batched, a write each", inbox.Config{Batched: true}, writeEffect, events + 1},
+		{"batched, a read and a write each", inbox.Config{Batched: true}, readThenWrite, 2*events + 1},
+		{"set-based, a read and a write", inbox.Config{Batched: true, BatchHandler: readThenWriteEffects}, writeEffect, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

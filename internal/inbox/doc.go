@@ -39,8 +39,11 @@
 //   - One bad message never stops the consumer, and fails only itself.
 //
 // With Config.Batched, a batch shares one transaction: its events are
-// claimed with one statement (ON CONFLICT DO NOTHING RETURNING, in event id
-// order, sent with BEGIN), the handlers of the new ones run in delivery
+// claimed with one statement in event id order (a batch of first
+// deliveries with a plain insert sent with BEGIN ahead of the handlers'
+// first statement, on the bet that they are new, claimed again with ON
+// CONFLICT DO NOTHING RETURNING if one was not; a batch with a redelivery
+// with ON CONFLICT at once), the handlers of the new ones run in delivery
 // order, and one COMMIT ends it. When anything fails, nothing of the batch
 // is committed and each message runs again on the reference path, in a
 // transaction of its own. (Savepoints would cost two round trips each, on

@@ -24,6 +24,26 @@ ORDER BY e.event_id
 ON CONFLICT DO NOTHING
 RETURNING event_id;
 
+-- name: ClaimNewEvents :exec
+-- Claims a batch of first deliveries with one statement, on the bet that
+-- none of them was processed before (the batch path's claim ahead): a
+-- plain insert, which PostgreSQL runs for less than ClaimEvents' ON
+-- CONFLICT (a speculative insertion per row: a 100-row claim took 7–42 %
+-- less time in pgbench), and which needs no answer, so it goes with the
+-- handler's first statement. An event processed before fails it with a
+-- unique violation, and the batch is claimed again with ClaimEvents. Rows
+-- go in event id order, as with ClaimEvents.
+INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
+SELECT @consumer::text, e.event_id, e.event_type, e.event_time, e.stream_seq
+FROM (
+    SELECT
+        unnest(@event_ids::uuid[])          AS event_id,
+        unnest(@event_types::text[])        AS event_type,
+        unnest(@event_times::timestamptz[]) AS event_time,
+        unnest(@stream_seqs::bigint[])      AS stream_seq
+) AS e
+ORDER BY e.event_id;
+
 -- name: DeleteMintedBefore :execrows
 -- Deletes at most @max_rows rows of events whose ids were minted before
 -- @before_id (event ids are UUIDv7s, which sort by the time they were
