@@ -53,7 +53,7 @@ func (sys *system) verify(d *driver, e expect) {
 		PaymentURL:   sys.pg.url(sys.dbName("payment")),
 		InventoryURL: sys.pg.url(sys.dbName("inventory")),
 		NotifyURL:    sys.pg.url(sys.dbName("notify")),
-		NATSURL:      sys.nats.url(),
+		NATSURL:      sys.natsURL,
 		Wait:         auditWait,
 	}, slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -91,6 +91,7 @@ type figures struct {
 	duplicates, redeliveries int64
 	faults                   int64
 	faultKinds               string
+	observed                 string
 	dlq                      int64
 	violations               int
 	httpRetries, replays     int64
@@ -101,9 +102,9 @@ type figures struct {
 
 func (f figures) String() string {
 	return fmt.Sprintf("scenario=%s orders=%d (confirmed=%d rejected=%d cancelled=%d) duplicates_dropped=%d redeliveries=%d "+
-		"faults=%d (%s) dlq=%d violations=%d http_retries=%d http_replays=%d processed=%d inbox_rows=%d naks=%d load=%s quiet=%s elapsed=%s",
+		"faults=%d (%s) observed=(%s) dlq=%d violations=%d http_retries=%d http_replays=%d processed=%d inbox_rows=%d naks=%d load=%s quiet=%s elapsed=%s",
 		f.scenario, f.orders, f.outcomes["CONFIRMED"], f.outcomes["REJECTED"], f.outcomes["CANCELLED"],
-		f.duplicates, f.redeliveries, f.faults, f.faultKinds, f.dlq, f.violations, f.httpRetries, f.replays,
+		f.duplicates, f.redeliveries, f.faults, f.faultKinds, f.observed, f.dlq, f.violations, f.httpRetries, f.replays,
 		f.processed, f.inboxRows, f.naks, f.load.Round(100*time.Millisecond), f.quiet.Round(100*time.Millisecond), f.elapsed.Round(100*time.Millisecond))
 }
 
@@ -122,8 +123,14 @@ func (sys *system) figures(ctx context.Context, d *driver, report audit.Report, 
 		total += faults[k]
 		parts = append(parts, fmt.Sprintf("%s=%d", k, faults[k]))
 	}
+	observed := sys.observed.snapshot()
+	seen := make([]string, 0, len(observed))
+	for _, k := range slices.Sorted(maps.Keys(observed)) {
+		seen = append(seen, fmt.Sprintf("%s=%d", k, observed[k]))
+	}
 	m := sys.counters()
 	f := figures{
+		observed:    strings.Join(seen, " "),
 		scenario:    sys.t.Name(),
 		orders:      len(d.placedOrders()),
 		outcomes:    outcomes,

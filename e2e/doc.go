@@ -23,18 +23,22 @@
 //
 // Each scenario logs one figures line (go test -v shows it):
 //
-//	figures: scenario=TestCrash orders=484 (confirmed=354 rejected=100 cancelled=30) duplicates_dropped=94 redeliveries=161 faults=10 (kill_9:order=3 … self_kill_after_commit:payment=4) dlq=0 violations=0 …
+//	figures: scenario=TestCrash orders=484 (confirmed=354 rejected=100 cancelled=30) duplicates_dropped=94 redeliveries=161 faults=10 (kill_9:order=3 … self_kill_after_commit:payment=4) observed=() dlq=0 violations=0 …
 //
 // duplicates_dropped sums onceflow_inbox_messages_total{outcome="duplicate"}
 // over the instances' /metrics (scraped every half second and before each
 // kill, so a lower bound where processes die); redeliveries is JetStream's
 // count of deliveries beyond the first (each durable's delivered consumer
 // sequence minus the messages it subscribes to); dlq is the auditor's count
-// of DLQ entries; violations counts the auditor's and the client's.
+// of DLQ entries; violations counts the auditor's and the client's;
+// observed is what a scenario saw happen as evidence that its fault met what
+// it aimed at (e.g. events a relay published again after a database crash,
+// seen by a plain NATS subscriber on the wire).
 //
 // The scenarios run two at a time (t.Parallel), each on its own NATS server,
-// processes and databases, except TestDatabaseRestart, which restarts the
-// shared PostgreSQL server and so runs alone. A failing scenario dumps the
+// processes and databases, except TestDatabaseRestart and
+// TestDatabaseCrash, which restart or crash the shared PostgreSQL server
+// and so run alone. A failing scenario dumps the
 // end of every process's log. E2E_SCALE (a positive number, default 1)
 // multiplies every scenario's load for a longer soak;
 // `go test -count=10 -run TestCrash ./e2e` is the stress mode.

@@ -21,7 +21,8 @@ type natsServer struct {
 	confPath string
 	logPath  string
 	port     int
-	monitor  int // the HTTP monitoring port: /healthz
+	monitor  int    // the HTTP monitoring port: /healthz
+	name     string // its server_name, on a cluster
 
 	mu   sync.Mutex
 	proc *process // nil while down
@@ -32,7 +33,7 @@ type natsServer struct {
 // server may lose messages it acknowledged, and with them events the outbox
 // relay marked sent.
 const natsConfig = `# Written by the e2e suite; see deploy/nats/onceflow.conf.
-server_name: e2e
+server_name: %s
 listen: 127.0.0.1:%d
 http: 127.0.0.1:%d
 jetstream {
@@ -52,7 +53,7 @@ func startNATS(ctx context.Context, bin, dir string, port, monitor int) (*natsSe
 		port:     port,
 		monitor:  monitor,
 	}
-	conf := fmt.Sprintf(natsConfig, port, monitor, filepath.Join(dir, "jetstream"))
+	conf := fmt.Sprintf(natsConfig, "e2e", port, monitor, filepath.Join(dir, "jetstream"))
 	if err := os.WriteFile(n.confPath, []byte(conf), 0o644); err != nil {
 		return nil, fmt.Errorf("write nats config: %w", err)
 	}
@@ -105,6 +106,13 @@ func (n *natsServer) waitReady(ctx context.Context, p *process) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// running reports whether the server is up.
+func (n *natsServer) running() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.proc != nil
 }
 
 // kill kills the server with SIGKILL and waits until it is gone.

@@ -156,16 +156,21 @@ func (s *pgServer) dropDatabase(ctx context.Context, name string) error {
 
 // outage breaks every connection to databases as a database outage would:
 // a local cluster is restarted (stopped, then started on the same data
-// directory and port); another server has every backend of databases
-// terminated. It says which it did.
-func (s *pgServer) outage(ctx context.Context, databases []string) (string, error) {
+// directory and port), or with crash set, its postmaster is killed with
+// SIGKILL and started again, which runs crash recovery; another server has
+// every backend of databases terminated. It says which it did.
+func (s *pgServer) outage(ctx context.Context, databases []string, crash bool) (string, error) {
 	if s.cluster != nil {
-		if err := s.cluster.Restart(ctx); err != nil {
+		how, stop := "restart", s.cluster.Restart
+		if crash {
+			how, stop = "kill_9_postmaster", s.cluster.Crash
+		}
+		if err := stop(ctx); err != nil {
 			return "", err
 		}
 		// The admin pool's connections broke with the others.
 		s.admin.Reset()
-		return "restart", nil
+		return how, nil
 	}
 	_, err := s.terminateBackends(ctx, databases, "")
 	return "terminate_backends", err

@@ -162,7 +162,7 @@ func TestDatabaseRestart(t *testing.T) {
 			if err := d.awaitOrders(ctx, 100+200*i); err != nil {
 				return err
 			}
-			how, err := sys.pg.outage(ctx, sys.databases())
+			how, err := sys.pg.outage(ctx, sys.databases(), false)
 			if err != nil {
 				return err
 			}

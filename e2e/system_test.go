@@ -39,10 +39,18 @@ type system struct {
 	pg      *pgServer
 	dbNames map[string]string        // by kind
 	pools   map[string]*pgxpool.Pool // by kind, straight to the server
-	nats    *natsServer
+	nats    *natsServer              // the one server; nil on a cluster
+	cluster *natsCluster             // the three nodes; nil with one server
+	// natsURL is what the services and the auditor connect to: the
+	// server's URL, or the cluster's three.
+	natsURL string
 	js      jetstream.JetStream
 	faults  *faults
-	began   time.Time
+	// observed counts what a scenario saw happen, as evidence that its
+	// fault met what it aimed at (events published again, transactions open
+	// at a crash, …); the figures line shows it apart from the faults.
+	observed *faults
+	began    time.Time
 
 	services []*service
 	byKind   map[string][]*service
@@ -54,17 +62,33 @@ type system struct {
 // The services start with start.
 func newSystem(t *testing.T) *system {
 	t.Helper()
+	return newSystemWith(t, func(sys *system) {
+		ports := testenv.FreePorts(t, 2)
+		n, err := startNATS(t.Context(), shared.natsBin, sys.dir, ports[0], ports[1])
+		if err != nil {
+			t.Fatalf("e2e: %v", err)
+		}
+		t.Cleanup(n.stop)
+		sys.nats, sys.natsURL = n, n.url()
+	})
+}
+
+// newSystemWith is newSystem with the broker started by startBroker, which
+// sets sys.natsURL.
+func newSystemWith(t *testing.T, startBroker func(sys *system)) *system {
+	t.Helper()
 	shared.trackSources(t)
 	ctx := t.Context()
 	sys := &system{
-		t:       t,
-		dir:     t.TempDir(),
-		pg:      shared.pg,
-		dbNames: map[string]string{},
-		pools:   map[string]*pgxpool.Pool{},
-		faults:  newFaults(),
-		began:   time.Now(),
-		byKind:  map[string][]*service{},
+		t:        t,
+		dir:      t.TempDir(),
+		pg:       shared.pg,
+		dbNames:  map[string]string{},
+		pools:    map[string]*pgxpool.Pool{},
+		faults:   newFaults(),
+		observed: newFaults(),
+		began:    time.Now(),
+		byKind:   map[string][]*service{},
 	}
 	seq := databaseSeq.Add(1)
 	for _, kind := range kinds {
@@ -99,14 +123,8 @@ func newSystem(t *testing.T) *system {
 		t.Cleanup(pool.Close)
 	}
 
-	ports := testenv.FreePorts(t, 2)
-	n, err := startNATS(ctx, shared.natsBin, sys.dir, ports[0], ports[1])
-	if err != nil {
-		t.Fatalf("e2e: %v", err)
-	}
-	sys.nats = n
-	t.Cleanup(n.stop)
-	nc, err := nats.Connect(n.url(), nats.Name("e2e"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	startBroker(sys)
+	nc, err := nats.Connect(sys.natsURL, nats.Name("e2e"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatalf("e2e: connect to nats: %v", err)
 	}
@@ -153,7 +171,7 @@ func (sys *system) start(d deployment) {
 			if addr := d.databaseAddr[kind]; addr != "" {
 				dbURL = sys.pg.urlVia(sys.dbNames[kind], addr)
 			}
-			natsURL := sys.nats.url()
+			natsURL := sys.natsURL
 			if addr := d.natsAddr[kind]; addr != "" {
 				natsURL = "nats://" + addr
 			}
