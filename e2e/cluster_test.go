@@ -10,9 +10,12 @@ import (
 	"testing"
 	"time"
 
+	caarlos "github.com/caarlos0/env/v11"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/onceflow/onceflow/internal/app"
+	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -139,7 +142,9 @@ func newClusterSystem(t *testing.T, proxied bool) *system {
 
 // clusterScenario starts a system on a cluster, the services with R3
 // streams and consumers and every node's URL, plus env, and seeds a driver
-// for n orders.
+// for n orders. The ack wait is 5s (CONSUMER_ACK_WAIT): a delivery whose
+// ack went down with its consumer's leader comes again only after it, and
+// the default 30s would make the scenario mostly a wait.
 func clusterScenario(t *testing.T, proxied bool, env []string, n int) (*system, *driver) {
 	t.Helper()
 	sys := newClusterSystem(t, proxied)
@@ -147,11 +152,45 @@ func clusterScenario(t *testing.T, proxied bool, env []string, n int) (*system, 
 	if err := sys.awaitCurrent(t.Context(), time.Minute); err != nil {
 		t.Fatalf("e2e: %v", err)
 	}
+	env = append([]string{"STREAM_REPLICAS=3", "CONSUMER_ACK_WAIT=5s"}, env...)
+	if err := sys.provision(t.Context(), env); err != nil {
+		t.Fatalf("e2e: %v", err)
+	}
 	perKind := map[string][]string{}
 	for _, kind := range kinds {
-		perKind[kind] = append([]string{"STREAM_REPLICAS=3"}, env...)
+		perKind[kind] = env
 	}
 	return sys, startDriver(t, sys, deployment{env: perKind}, n)
+}
+
+// provision creates the streams and consumers as the services configured
+// with env would, before they start: four services creating R3 streams at
+// once on a loaded machine can outlast the JetStream API's time-out, and a
+// service whose provisioning fails exits (a separate provisioning step, as
+// in production, is the way out).
+func (sys *system) provision(ctx context.Context, env []string) error {
+	vars := map[string]string{"DATABASE_URL": "unused"}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		vars[k] = v
+	}
+	cfg, err := caarlos.ParseAsWithOptions[app.Config](caarlos.Options{Environment: vars})
+	if err != nil {
+		return fmt.Errorf("services' config: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		attempt, cancelAttempt := context.WithTimeout(ctx, 10*time.Second)
+		err := streams.Provision(attempt, sys.js, streams.Saga(cfg.Streams()))
+		cancelAttempt()
+		if err == nil {
+			return nil
+		}
+		if !sleepCtx(ctx, 500*time.Millisecond) {
+			return fmt.Errorf("provision the streams on the cluster: %w", err)
+		}
+	}
 }
 
 // awaitCurrent waits until every node runs and every stream and consumer
@@ -181,26 +220,28 @@ func (sys *system) clusterLag(ctx context.Context) error {
 	if _, err := sys.js.AccountInfo(ctx); err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	streams := sys.js.ListStreams(ctx)
-	for info := range streams.Info() {
-		if err := replicated(info.Config.Name, info.Cluster); err != nil {
-			return err
-		}
-		s, err := sys.js.Stream(ctx, info.Config.Name)
+	// The listers' goroutines end only once drained: every info is read
+	// before any is judged.
+	var lag []error
+	lister := sys.js.ListStreams(ctx)
+	var names []string
+	for info := range lister.Info() {
+		names = append(names, info.Config.Name)
+		lag = append(lag, replicated(info.Config.Name, info.Cluster))
+	}
+	lag = append(lag, lister.Err())
+	for _, name := range names {
+		s, err := sys.js.Stream(ctx, name)
 		if err != nil {
 			return err
 		}
 		consumers := s.ListConsumers(ctx)
-		for ci := range consumers.Info() {
-			if err := replicated(ci.Name, ci.Cluster); err != nil {
-				return err
-			}
+		for info := range consumers.Info() {
+			lag = append(lag, replicated(info.Name, info.Cluster))
 		}
-		if err := consumers.Err(); err != nil {
-			return err
-		}
+		lag = append(lag, consumers.Err())
 	}
-	return streams.Err()
+	return errors.Join(lag...)
 }
 
 func replicated(name string, c *jetstream.ClusterInfo) error {
@@ -271,6 +312,17 @@ func (sys *system) bounce(ctx context.Context, node *natsServer, fault string) e
 		return err
 	}
 	return sys.awaitCurrent(ctx, 90*time.Second)
+}
+
+// verifyStoredOnce fails the test with loadErr, the load's, if any; else it
+// verifies the system and that no event is stored twice.
+func (sys *system) verifyStoredOnce(d *driver, loadErr error) {
+	sys.t.Helper()
+	if loadErr != nil {
+		sys.t.Fatal(loadErr)
+	}
+	sys.verify(d, expect{})
+	sys.checkStoredOnce()
 }
 
 // checkStoredOnce fails the test if an event is stored twice in a stream.

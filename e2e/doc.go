@@ -35,6 +35,15 @@
 // it aimed at (e.g. events a relay published again after a database crash,
 // seen by a plain NATS subscriber on the wire).
 //
+// The TestCluster* scenarios run the same system on a three-node cluster of
+// nats-server processes (routes on loopback, R3 streams and consumers,
+// every service given the three URLs) and kill, cut off (toxiproxy on the
+// routes) or restart nodes during a shorter load; TestClusterAtomicBatches
+// shows, from what the wire carries, that a stream leader was killed while
+// an atomic batch was under way and that a batch holding an event already
+// stored was refused (error 10201) and published again a message at a
+// time.
+//
 // The scenarios run two at a time (t.Parallel), each on its own NATS server,
 // processes and databases, except TestDatabaseRestart and
 // TestDatabaseCrash, which restart or crash the shared PostgreSQL server

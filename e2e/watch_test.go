@@ -130,13 +130,14 @@ func (w *publishWatch) reply(m *nats.Msg) {
 }
 
 // openBatches returns the ids of the atomic batches to stream under way:
-// seen on the wire, not yet acknowledged nor refused.
-func (w *publishWatch) openBatches(stream string) []string {
+// first seen on the wire after since, not yet acknowledged nor refused. (A
+// batch cut off by an earlier kill stays unacknowledged for good.)
+func (w *publishWatch) openBatches(stream string, since time.Time) []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var open []string
 	for id, b := range w.batches {
-		if b.stream == stream && !b.acked && b.errCode == 0 {
+		if b.stream == stream && b.firstSeen.After(since) && !b.acked && b.errCode == 0 {
 			open = append(open, id)
 		}
 	}
@@ -214,11 +215,17 @@ func (sys *system) storedTwice(ctx context.Context) ([]string, error) {
 			return nil, fmt.Errorf("stream %s: %w", name, err)
 		}
 		seen := map[string]bool{}
-		for read := uint64(0); read < info.State.Msgs; {
+		for read, failed := uint64(0), 0; read < info.State.Msgs; {
 			batch, err := cons.Fetch(500, jetstream.FetchMaxWait(2*time.Second))
 			if err != nil {
+				// On a cluster the ordered consumer can take a moment to
+				// run where its requests go (no responders).
+				if failed++; failed < 10 && sleepCtx(ctx, 300*time.Millisecond) {
+					continue
+				}
 				return nil, fmt.Errorf("read stream %s: %w", name, err)
 			}
+			failed = 0
 			for msg := range batch.Messages() {
 				read++
 				id := msg.Headers().Get(jetstream.MsgIDHeader)
