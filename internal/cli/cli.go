@@ -85,7 +85,7 @@ func commands() []command {
 	return append(cmds,
 		command{
 			name:    "dev",
-			usage:   "[--seed] [--data-dir DIR] [--durable] [--console-port N] [--nats-sync always|interval] [--host HOST] [--http-port N] [--nats-port N] [--pg-port N] [--pprof ADDR]",
+			usage:   "[--seed] [--data-dir DIR] [--durable] [--console-port N] [--nats-sync always|interval] [--cluster N] [--host HOST] [--http-port N] [--nats-port N] [--pg-port N] [--pprof ADDR]",
 			summary: "run every service in one process on embedded NATS and a throwaway PostgreSQL",
 			run:     runDev,
 		},
@@ -106,6 +106,7 @@ func commands() []command {
 		command{name: "mail", usage: "retry [--order ID] [--since RFC3339|DURATION]", summary: "send FAILED e-mails again, with their Message-IDs (once the mail server is fixed)", run: runMail},
 		command{name: "audit", usage: "[--wait D]", summary: "check the saga's invariants across the four databases and NATS; fail on any violation", run: runAudit},
 		command{name: "loadgen", usage: "[--rate N/s] [--duration D] [--concurrency N] [--json FILE] [--histogram FILE.svg|png] [--order-url URL] …", summary: "drive a running onceflow over HTTP and report orders/s and placed→confirmed latency", run: runLoadgen},
+		command{name: "nats-server", usage: "[-c FILE] [nats-server options]", summary: "run the nats-server onceflow is built with (onceflow dev --cluster runs its nodes with it)", run: runNATSServer},
 		command{
 			name:    "healthcheck",
 			usage:   "[--timeout D] URL",

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -116,6 +117,7 @@ as 'onceflow <service>' does.`)
 	natsPort := fs.Int("nats-port", defaults.NATS, "`port` of the NATS server (0: a free port)")
 	pgPort := fs.Int("pg-port", defaults.Postgres, "`port` of the local PostgreSQL cluster (0: a free port)")
 	consolePort := fs.Int("console-port", defaultConsolePort, "`port` of the operator's console (0: a free port, -1: none)")
+	clusterNodes := fs.Int("cluster", 0, "run NATS as a cluster of `N` nodes (3), each a process of its own, with R3 streams: kill one by hand and the saga goes on; it is started again 5s later")
 	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on `ADDR` (e.g. 127.0.0.1:6060), to profile the services under load")
 	if err := parse(fs, args, inv.stdout); err != nil {
 		return dev.Config{}, devFlags{}, err
@@ -150,10 +152,29 @@ as 'onceflow <service>' does.`)
 		NATSSync:    syncMode,
 		Environ:     os.Environ(),
 	}
+	if cfg.ClusterNodes, cfg.NATSNodeCommand, err = natsCluster(fs, *clusterNodes); err != nil {
+		return dev.Config{}, devFlags{}, err
+	}
 	if *httpPort != 0 {
 		cfg.Ports.Order, cfg.Ports.Payment, cfg.Ports.Inventory, cfg.Ports.Notify = *httpPort, *httpPort+1, *httpPort+2, *httpPort+3
 	}
 	return cfg, devFlags{seed: *seed, pprofAddr: *pprofAddr, consolePort: *consolePort}, nil
+}
+
+// natsCluster is dev's cluster of n nodes (--cluster), each run by this
+// binary's nats-server command; none for n below 2.
+func natsCluster(fs *flag.FlagSet, n int) (int, []string, error) {
+	if n == 2 || n < 0 {
+		return 0, nil, usageError(fs, "--cluster wants 3 or more nodes: two cannot lose one and keep a majority")
+	}
+	if n < 2 {
+		return 0, nil, nil
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return 0, nil, fmt.Errorf("dev: the nodes run this binary: %w", err)
+	}
+	return n, []string{self, "nats-server"}, nil
 }
 
 // servePprof serves the runtime profiles on addr until stop is called. The
@@ -196,7 +217,12 @@ func printEnv(w io.Writer, e *dev.Env, cfg dev.Config) {
 	for _, s := range e.Services {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.Name, s.URL, s.DatabaseURL)
 	}
-	fmt.Fprintf(tw, "  nats\t%s\n", e.NATSURL)
+	if len(e.NATSNodes) == 0 {
+		fmt.Fprintf(tw, "  nats\t%s\n", e.NATSURL)
+	}
+	for _, n := range e.NATSNodes {
+		fmt.Fprintf(tw, "  nats %s\t%s\tkill -9 \"$(cat %s)\"\n", n.Name, n.URL, n.PIDFile)
+	}
 	_ = tw.Flush()
 	switch {
 	case cfg.DatabaseURL != "":

@@ -101,6 +101,16 @@ type Config struct {
 	// ReadyTimeout bounds the wait for every service to answer /readyz;
 	// default 2 minutes.
 	ReadyTimeout time.Duration
+	// ClusterNodes, when above 1, runs NATS as that many nodes of one
+	// cluster, each a child process (NATSNodeCommand) on the ports from
+	// Ports.NATS on, with R3 streams (STREAM_REPLICAS=3 unless Environ sets
+	// it); a node that dies is started again a few seconds later. Zero or 1
+	// is one embedded server.
+	ClusterNodes int
+	// NATSNodeCommand is the command line of a cluster node, to which
+	// "-c CONFIG" is appended: a nats-server binary, or onceflow's own
+	// nats-server command.
+	NATSNodeCommand []string
 }
 
 // NATSSync is when the embedded JetStream server fsyncs its writes.
@@ -131,8 +141,11 @@ type Service struct {
 type Env struct {
 	// Services are order, payment, inventory and notify, in that order.
 	Services []Service
-	// NATSURL connects to the embedded NATS server.
+	// NATSURL connects to the embedded NATS server, or lists the cluster's
+	// nodes.
 	NATSURL string
+	// NATSNodes are the cluster's nodes, with Config.ClusterNodes.
+	NATSNodes []*NATSNode
 
 	logger    *slog.Logger
 	listeners []net.Listener
@@ -188,7 +201,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Env, err er
 		e.Services = append(e.Services, Service{Name: svc.name, URL: "http://" + ln.Addr().String()})
 	}
 
-	if err := e.startNATS(cfg); err != nil {
+	if err := e.startBroker(ctx, cfg); err != nil {
 		return nil, err
 	}
 	serverURL, err := e.startPostgres(ctx, cfg)
@@ -282,6 +295,9 @@ func (e *Env) stop(ctx context.Context) error {
 		e.nats.Shutdown()
 		e.nats.WaitForShutdown()
 	}
+	for _, n := range e.NATSNodes {
+		n.stop()
+	}
 	if e.cluster != nil {
 		errs = append(errs, e.cluster.Stop(ctx))
 	}
@@ -291,6 +307,14 @@ func (e *Env) stop(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// startBroker starts the embedded NATS server, or the cluster's nodes.
+func (e *Env) startBroker(ctx context.Context, cfg Config) error {
+	if cfg.ClusterNodes > 1 {
+		return e.startCluster(ctx, cfg)
+	}
+	return e.startNATS(cfg)
 }
 
 // startNATS starts the embedded NATS server with JetStream.
@@ -386,16 +410,20 @@ func (cfg Config) natsSyncAlways() bool {
 }
 
 // servicesEnviron is the environment every service starts from: cfg.Environ,
-// with the outbox relays publishing one message at a time unless JetStream
-// fsyncs every write or Environ says otherwise. An atomic batch saves the
+// with R3 streams on a cluster and the outbox relays publishing one message
+// at a time unless JetStream fsyncs every write, where Environ does not say
+// otherwise. An atomic batch saves the
 // fsyncs of a server that syncs every write; on the default interval it
 // only costs (docs/performance.md).
 func servicesEnviron(cfg Config) map[string]string {
-	environ := environMap(cfg.Environ)
-	if cfg.natsSyncAlways() {
-		return environ
+	defaults := map[string]string{}
+	if cfg.ClusterNodes > 1 {
+		defaults["STREAM_REPLICAS"] = strconv.Itoa(min(cfg.ClusterNodes, 3))
 	}
-	return overlay(map[string]string{"OUTBOX_ATOMIC_BATCH_MIN": "0"}, environ)
+	if !cfg.natsSyncAlways() {
+		defaults["OUTBOX_ATOMIC_BATCH_MIN"] = "0"
+	}
+	return overlay(defaults, environMap(cfg.Environ))
 }
 
 // environMap turns "KEY=value" entries into a map; the last one wins, as in
