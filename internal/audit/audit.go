@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,6 +28,11 @@ const (
 type Config struct {
 	// The four service databases. The auditor only reads them.
 	OrderURL, PaymentURL, InventoryURL, NotifyURL string
+	// OtherURLs are the databases of the services added beside the four
+	// (onceflow new service), by service name: their outbox and their
+	// inbox get the checks every service gets (every outbox row published,
+	// every event on a durable of theirs processed or dead-lettered).
+	OtherURLs map[string]string
 	// NATSURL is the NATS server with the saga's streams.
 	NATSURL string
 	// Wait bounds the wait for the system to go quiet before the checks run:
@@ -87,6 +94,7 @@ type database struct {
 // system is the connections to what is audited.
 type system struct {
 	order, payment, inventory, notify database
+	others                            []database // by service name
 	nc                                *nats.Conn
 	js                                jetstream.JetStream
 	topology                          streams.Topology
@@ -114,6 +122,13 @@ func connect(ctx context.Context, cfg Config) (_ *system, err error) {
 		}
 		*db.into = database{service: db.service, pool: pool}
 	}
+	for _, service := range slices.Sorted(maps.Keys(cfg.OtherURLs)) {
+		pool, err := postgres.Connect(ctx, cfg.OtherURLs[service])
+		if err != nil {
+			return nil, fmt.Errorf("audit: %s database: %w", service, err)
+		}
+		sys.others = append(sys.others, database{service: service, pool: pool})
+	}
 	nc, err := nats.Connect(cfg.NATSURL, nats.Name("onceflow-audit"))
 	if err != nil {
 		return nil, fmt.Errorf("audit: connect to nats: %w", err)
@@ -136,7 +151,8 @@ func (s *system) close() {
 	}
 }
 
-// databases returns the four databases: order, payment, inventory, notify.
+// databases returns the four databases — order, payment, inventory,
+// notify — and the others'.
 func (s *system) databases() []database {
-	return []database{s.order, s.payment, s.inventory, s.notify}
+	return append([]database{s.order, s.payment, s.inventory, s.notify}, s.others...)
 }

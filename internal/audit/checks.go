@@ -422,7 +422,7 @@ func joinIDs(ids []uuid.UUID) string {
 }
 
 func (f facts) checkOutbox() Check {
-	c := Check{Name: CheckOutbox, Description: "every outbox row of the four databases is published"}
+	c := Check{Name: CheckOutbox, Description: "every outbox row of every service's database is published"}
 	for _, ob := range f.outboxes {
 		c.Figures = append(c.Figures, Figure{ob.service, map[string]int64{"kept": ob.total, "unsent": ob.unsent}})
 		for _, r := range ob.oldestUnsent {

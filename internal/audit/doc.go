@@ -27,7 +27,7 @@
 //     exactly one terminal event, the one of its status. Only what a type's
 //     owner published on its subject counts; an order whose OrderPlaced
 //     left the stream is not required to have its terminal event there.
-//   - outbox: every outbox row of the four databases is published.
+//   - outbox: every outbox row of every service's database is published.
 //   - consumers: every event on a stream has been processed or dead-lettered
 //     by each durable that subscribes to it: the consumer has acked up to the
 //     last message its filter matches, nothing is pending or unacked, and

@@ -12,7 +12,7 @@ import (
 )
 
 // auditEnv is what `onceflow audit` reads from the environment besides the
-// four <SERVICE>_DATABASE_URLs.
+// services' <SERVICE>_DATABASE_URLs.
 type auditEnv struct {
 	NATSURL string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
 }
@@ -29,7 +29,7 @@ violations, and fails if any check has a violation:
   stock          no stock level is negative
   reservations   what was reserved for an order is what it ordered
   orders         every order terminal, with the status its payment and stock imply
-  outbox         every outbox row of the four databases published
+  outbox         every outbox row of every service's database published
   consumers      every event processed or dead-lettered by each durable subscribed
                  to it (DLQ entries and their reasons are reported)
   notifications  one e-mail per (order, milestone), all sent
@@ -39,8 +39,10 @@ terminal, every outbox empty, every consumer caught up, every e-mail sent).
 It only reads.
 
 Each service's database is <SERVICE>_DATABASE_URL (ORDER_DATABASE_URL,
-PAYMENT_DATABASE_URL, INVENTORY_DATABASE_URL, NOTIFY_DATABASE_URL); NATS is
-NATS_URL (default nats://127.0.0.1:4222).`)
+PAYMENT_DATABASE_URL, INVENTORY_DATABASE_URL, NOTIFY_DATABASE_URL, and one
+for each service added with 'onceflow new service', whose outbox and
+inbox get the outbox and consumers checks); NATS is NATS_URL (default
+nats://127.0.0.1:4222).`)
 	wait := fs.Duration("wait", time.Minute, "wait at most this long for the system to go quiet before checking (0: check at once)")
 	if err := parse(fs, args, inv.stdout); err != nil {
 		return helped(err)
@@ -70,8 +72,8 @@ NATS_URL (default nats://127.0.0.1:4222).`)
 	return nil
 }
 
-// auditConfig reads the database URLs of the four services and the NATS URL
-// from the environment.
+// auditConfig reads the database URL of every registered service and the
+// NATS URL from the environment.
 func auditConfig() (audit.Config, error) {
 	var cfg audit.Config
 	targets := map[string]*string{
@@ -87,14 +89,18 @@ func auditConfig() (audit.Config, error) {
 		if err != nil {
 			return audit.Config{}, fmt.Errorf("audit config: %w", err)
 		}
-		target, ok := targets[name]
-		if !ok {
-			return audit.Config{}, fmt.Errorf("audit config: no database for service %q", name)
-		}
 		if own.URL == "" {
 			missing = append(missing, prefix+"DATABASE_URL")
 		}
-		*target = own.URL
+		if target, ok := targets[name]; ok {
+			*target = own.URL
+			continue
+		}
+		// A service added beside the four: the checks every service gets.
+		if cfg.OtherURLs == nil {
+			cfg.OtherURLs = make(map[string]string)
+		}
+		cfg.OtherURLs[name] = own.URL
 	}
 	if len(missing) > 0 {
 		return audit.Config{}, fmt.Errorf("audit: set %s", strings.Join(missing, ", "))

@@ -197,6 +197,19 @@ func TestNewServiceEndToEnd(t *testing.T) {
 	getJSON(t, sys.urls["loyalty"]+"/customers/alice", &tally)
 	require.Equal(t, int64(len(confirmed)), tally.Events, "the starter tally counts each event once")
 
+	// The auditor covers the new service with the checks every service
+	// gets: its outbox, and its durable's every event claimed.
+	done = step("onceflow audit: five services")
+	audit := exec.Command(bin, "audit", "--wait", "1m")
+	audit.Env = append(os.Environ(), "NATS_URL="+sys.natsURL)
+	for service, url := range sys.databases {
+		audit.Env = append(audit.Env, strings.ToUpper(service)+"_DATABASE_URL="+url)
+	}
+	report, err := audit.CombinedOutput()
+	require.NoError(t, err, "onceflow audit:\n%s", report)
+	require.Contains(t, string(report), "loyalty-orders (ORDERS", "the consumers check does not list loyalty's durable:\n%s", report)
+	done()
+
 	done = step("stop onceflow dev")
 	sys.stop(t)
 	done()
