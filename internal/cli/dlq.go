@@ -40,7 +40,7 @@ func runDLQ(ctx context.Context, inv invocation, args []string) error {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
 			fmt.Fprint(inv.stdout, `Usage: onceflow dlq list|show|replay|discard
 
-  list     [--consumer C] [--type T] [--reason TEXT] [--since T] [--until T] [--status S] [--after ID] [--limit N] [--json]
+  list     [--consumer C] [--type T] [--reason TEXT] [--order ID] [--since T] [--until T] [--status S] [--after ID] [--limit N] [--json]
   show     ID [--json]
   replay   ID... | --consumer C --since T   [--past-retention] [--by WHO]
   discard  ID... --reason TEXT [--by WHO]
@@ -78,10 +78,11 @@ func filterFlags(fs *flag.FlagSet) func() (dlq.Filter, error) {
 	consumer := fs.String("consumer", "", "only entries of this durable consumer (e.g. inventory-payments)")
 	typ := fs.String("type", "", "only events of this type (e.g. onceflow.payment.debited.v1)")
 	reason := fs.String("reason", "", "only entries whose reason contains this text, in any case")
+	order := fs.String("order", "", "only events of this order (their ce-subject)")
 	since := fs.String("since", "", "only entries dead-lettered since: RFC 3339 or a duration ago (24h)")
 	until := fs.String("until", "", "only entries dead-lettered until: RFC 3339 or a duration ago")
 	return func() (dlq.Filter, error) {
-		f := dlq.Filter{Consumer: *consumer, Type: *typ, Reason: *reason}
+		f := dlq.Filter{Consumer: *consumer, Type: *typ, Reason: *reason, OrderID: *order}
 		var err error
 		now := time.Now()
 		if *since != "" {

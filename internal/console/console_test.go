@@ -226,7 +226,12 @@ func TestConsoleInABrowser(t *testing.T) {
 
 	entry, order := s.poison(t)
 
-	// The DLQ page lists it with its reason.
+	// The DLQ page lists it with its reason; the order's page links to it.
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.console+"/orders/"+order)))
+	awaitText(t, ctx, "#order-status", "PAID")
+	require.Contains(t, textOf(t, ctx, "#saga"), "not processed")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`a[href^="/dlq?order="]`))))
+	awaitText(t, ctx, "#dlq", "which has no payment")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.console+"/dlq?status=open")))
 	require.Contains(t, textOf(t, ctx, "#dlq"), "which has no payment")
 	require.Contains(t, textOf(t, ctx, "#dlq"), streams.PaymentInventory)

@@ -22,6 +22,7 @@ func (s *Server) dlqPage(c echo.Context) error {
 		Consumer: c.QueryParam("consumer"),
 		Type:     c.QueryParam("type"),
 		Reason:   c.QueryParam("reason"),
+		OrderID:  c.QueryParam("order"),
 		Status:   dlq.Status(c.QueryParam("status")),
 		Limit:    dlqPerPage,
 	}

@@ -306,7 +306,7 @@ func TestListAndReplayAll(t *testing.T) {
 		f.After = page.Next
 	}
 	require.Len(t, ids, 5)
-	for _, f := range []dlq.Filter{{Consumer: bystander}, {Type: string(event.PaymentDebited)}, {Reason: "no such reason"}, {Since: time.Now().Add(time.Hour)}} {
+	for _, f := range []dlq.Filter{{Consumer: bystander}, {Type: string(event.PaymentDebited)}, {Reason: "no such reason"}, {Since: time.Now().Add(time.Hour)}, {OrderID: uuid.NewString()}} {
 		page, err := e.store.List(ctx, f)
 		require.NoError(t, err)
 		require.Empty(t, page.Entries, "%+v", f)
@@ -314,6 +314,10 @@ func TestListAndReplayAll(t *testing.T) {
 	page, err := e.store.List(ctx, dlq.Filter{Reason: "POISONED", Type: string(event.OrderPlaced), Since: time.Now().Add(-time.Hour)})
 	require.NoError(t, err)
 	require.Len(t, page.Entries, 5)
+	page, err = e.store.List(ctx, dlq.Filter{OrderID: evs[2].Subject})
+	require.NoError(t, err)
+	require.Len(t, page.Entries, 1)
+	require.Equal(t, evs[2].ID.String(), page.Entries[0].EventID)
 	counts, err := e.store.Counts(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 5, counts[gaveUp])

@@ -26,6 +26,7 @@ type Filter struct {
 	Consumer string // the durable that gave up
 	Type     string // the event type
 	Reason   string // a part of the reason, in any case
+	OrderID  string // the event's subject (ce-subject): the order
 	// Since and Until bound when the entry was dead-lettered.
 	Since, Until time.Time
 	Status       Status // "" for any
@@ -38,6 +39,7 @@ type Filter struct {
 func (f Filter) match(e Entry) bool {
 	switch {
 	case f.Type != "" && e.EventType != f.Type,
+		f.OrderID != "" && e.OrderID != f.OrderID,
 		f.Reason != "" && !strings.Contains(strings.ToLower(e.Reason), strings.ToLower(f.Reason)),
 		!f.Until.IsZero() && e.DeadLettered.After(f.Until),
 		f.Status != "" && e.Status() != f.Status:
