@@ -200,7 +200,11 @@ func (sys *system) awaitCurrent(ctx context.Context, timeout time.Duration) erro
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for {
-		err := sys.clusterLag(ctx)
+		// Each check bounded: a request sent while the connection was
+		// failing over waits for its context's end.
+		check, cancelCheck := context.WithTimeout(ctx, 5*time.Second)
+		err := sys.clusterLag(check)
+		cancelCheck()
 		if err == nil {
 			return nil
 		}
@@ -290,7 +294,9 @@ func (sys *system) leader(ctx context.Context, cluster func(context.Context) (*j
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for {
-		c, err := cluster(ctx)
+		call, cancelCall := context.WithTimeout(ctx, 5*time.Second)
+		c, err := cluster(call)
+		cancelCall()
 		if err == nil && c != nil && c.Leader != "" {
 			return sys.cluster.node(c.Leader)
 		}

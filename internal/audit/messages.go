@@ -85,9 +85,16 @@ func scan(ctx context.Context, st jetstream.Stream, limit uint64, f func(seq uin
 		defer cancel()
 		_ = st.DeleteConsumer(ctx, cons.CachedInfo().Name)
 	}()
-	for {
+	for noResponders := 0; ; {
 		// The messages are stored: a fetch need not wait for more.
 		batch, err := cons.FetchNoWait(scanBatch)
+		// On a cluster the new consumer can take a moment to run on its
+		// leader, where the fetch goes: no responders until then.
+		if errors.Is(err, nats.ErrNoResponders) && noResponders < 20 {
+			noResponders++
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
 		if err != nil {
 			return false, fmt.Errorf("scan: %w", err)
 		}
