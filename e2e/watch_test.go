@@ -202,42 +202,56 @@ func (w *publishWatch) republished() int {
 func (sys *system) storedTwice(ctx context.Context) ([]string, error) {
 	var twice []string
 	for _, name := range sagaStreams {
-		s, err := sys.js.Stream(ctx, name)
-		if err != nil {
-			return nil, fmt.Errorf("stream %s: %w", name, err)
+		var ids []string
+		var err error
+		// On a cluster a consumer just created can answer no responders
+		// for a moment, or for good where it was placed badly: read again
+		// through a new one.
+		for attempt := 0; attempt < 5; attempt++ {
+			if ids, err = sys.streamIDs(ctx, name); err == nil || !sleepCtx(ctx, time.Second) {
+				break
+			}
 		}
-		info, err := s.Info(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("stream %s: %w", name, err)
-		}
-		cons, err := sys.js.OrderedConsumer(ctx, name, jetstream.OrderedConsumerConfig{})
-		if err != nil {
-			return nil, fmt.Errorf("stream %s: %w", name, err)
+			return nil, err
 		}
 		seen := map[string]bool{}
-		for read, failed := uint64(0), 0; read < info.State.Msgs; {
-			batch, err := cons.Fetch(500, jetstream.FetchMaxWait(2*time.Second))
-			if err != nil {
-				// On a cluster the ordered consumer can take a moment to
-				// run where its requests go (no responders).
-				if failed++; failed < 10 && sleepCtx(ctx, 300*time.Millisecond) {
-					continue
-				}
-				return nil, fmt.Errorf("read stream %s: %w", name, err)
+		for _, id := range ids {
+			if seen[id] {
+				twice = append(twice, name+":"+id)
 			}
-			failed = 0
-			for msg := range batch.Messages() {
-				read++
-				id := msg.Headers().Get(jetstream.MsgIDHeader)
-				if seen[id] {
-					twice = append(twice, name+":"+id)
-				}
-				seen[id] = true
-			}
-			if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-				return nil, fmt.Errorf("read stream %s: %w", name, err)
-			}
+			seen[id] = true
 		}
 	}
 	return twice, nil
+}
+
+// streamIDs returns the Nats-Msg-Id of every message of stream, in order.
+func (sys *system) streamIDs(ctx context.Context, name string) ([]string, error) {
+	s, err := sys.js.Stream(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", name, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", name, err)
+	}
+	cons, err := sys.js.OrderedConsumer(ctx, name, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", name, err)
+	}
+	var ids []string
+	for uint64(len(ids)) < info.State.Msgs {
+		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("read stream %s: %w", name, err)
+		}
+		for msg := range batch.Messages() {
+			ids = append(ids, msg.Headers().Get(jetstream.MsgIDHeader))
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return nil, fmt.Errorf("read stream %s: %w", name, err)
+		}
+	}
+	return ids, nil
 }

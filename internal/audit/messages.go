@@ -69,29 +69,41 @@ func scan(ctx context.Context, st jetstream.Stream, limit uint64, f func(seq uin
 		return false, nil
 	}
 	last := info.State.LastSeq
-	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{
-		DeliverPolicy:     jetstream.DeliverAllPolicy,
-		AckPolicy:         jetstream.AckNonePolicy,
-		HeadersOnly:       true,
-		MemoryStorage:     true,
-		InactiveThreshold: scanInactive,
-	})
-	if err != nil {
-		return false, fmt.Errorf("scan consumer: %w", err)
-	}
+	var cons jetstream.Consumer
 	defer func() {
+		if cons == nil {
+			return
+		}
 		// The server deletes it after scanInactive anyway.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		_ = st.DeleteConsumer(ctx, cons.CachedInfo().Name)
 	}()
+	scanned := false // f has been called
 	for noResponders := 0; ; {
+		if cons == nil {
+			if cons, err = st.CreateConsumer(ctx, jetstream.ConsumerConfig{
+				DeliverPolicy:     jetstream.DeliverAllPolicy,
+				AckPolicy:         jetstream.AckNonePolicy,
+				HeadersOnly:       true,
+				MemoryStorage:     true,
+				InactiveThreshold: scanInactive,
+			}); err != nil {
+				return false, fmt.Errorf("scan consumer: %w", err)
+			}
+		}
 		// The messages are stored: a fetch need not wait for more.
 		batch, err := cons.FetchNoWait(scanBatch)
-		// On a cluster the new consumer can take a moment to run on its
-		// leader, where the fetch goes: no responders until then.
-		if errors.Is(err, nats.ErrNoResponders) && noResponders < 20 {
+		// On a cluster a consumer just created can take a moment to run on
+		// its leader, where the fetch goes (no responders until then), or
+		// not run where it was placed: then, if nothing was read from it
+		// yet, a new one.
+		if errors.Is(err, nats.ErrNoResponders) && noResponders < 40 {
 			noResponders++
+			if noResponders%10 == 0 && !scanned {
+				_ = st.DeleteConsumer(ctx, cons.CachedInfo().Name)
+				cons = nil
+			}
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}
@@ -106,6 +118,7 @@ func scan(ctx context.Context, st jetstream.Stream, limit uint64, f func(seq uin
 				return false, fmt.Errorf("scan: %w", err)
 			}
 			f(meta.Sequence.Stream, msg.Subject(), msg.Headers())
+			scanned = true
 			done = done || meta.Sequence.Stream >= last
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
