@@ -26,7 +26,8 @@ const (
 	HeaderReplayBy = "Onceflow-Replay-By"
 	// HeaderReplayPastRetention is "true" on a replay that an operator
 	// forced past the consumer's inbox retention.
-	HeaderReplayPastRetention = "Onceflow-Replay-Past-Retention"
+	// The inbox lets it through on the durable's own replay subject.
+	HeaderReplayPastRetention = inbox.HeaderReplayPastRetention
 )
 
 // ErrNotFound is returned for an entry the DLQ does not hold.

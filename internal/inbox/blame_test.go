@@ -286,3 +286,36 @@ func TestEventsBetweenTheRetentionAndTheCleanersCutOffAreDeadLettered(t *testing
 		require.Contains(t, requireDeadLetter(t, dlq[0], 1, 1), "retention")
 	})
 }
+
+// An operator may force a replay past the retention (onceflow dlq replay
+// --past-retention): on the consumer's own replay subject, with the
+// header, the old event is processed; without either it is refused.
+func TestAReplayForcedPastTheRetentionIsProcessed(t *testing.T) {
+	t.Parallel()
+	e := setup(t, streams.Consumer{})
+	c := e.start(t, inbox.Config{Retention: time.Hour}, writeEffect)
+	old := func(subject string, forced bool) event.Envelope {
+		ev := newEvent(t)
+		ev.ID = idMintedAt(t, time.Now().Add(-90*time.Minute))
+		msg := msgOf(t, ev, uuid.NewString())
+		msg.Subject = subject
+		if forced {
+			msg.Header.Set(inbox.HeaderReplayPastRetention, "true")
+		}
+		e.publishMsg(t, msg)
+		return ev
+	}
+	const subject = "orders.placed.v1"
+	forced := old(streams.ReplaySubject(subject, testDurable), true)
+	unforced := old(streams.ReplaySubject(subject, testDurable), false)
+	elsewhere := old(streams.ReplaySubject(subject, "another-durable"), true)
+	plain := old(subject, true)
+
+	require.EventuallyWithT(t, func(c2 *assert.CollectT) {
+		assert.Equal(c2, inbox.Stats{Processed: 1, DeadLettered: 3}, c.Stats())
+	}, waitFor, tick)
+	require.EqualValues(t, 1, e.effects(t, forced.ID))
+	for _, ev := range []event.Envelope{unforced, elsewhere, plain} {
+		require.Zero(t, e.effects(t, ev.ID))
+	}
+}

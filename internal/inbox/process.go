@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox/internal/dbsqlc"
+	"github.com/onceflow/onceflow/internal/streams"
 )
 
 // processOne is the inbox pattern, written plainly: the reference path,
@@ -129,10 +130,27 @@ func (c *Consumer) decode(ctx context.Context, msg jetstream.Msg) (d *delivery, 
 	if minted := d.ev.Minted(); minted.Before(born) {
 		born = minted
 	}
-	if age := time.Since(born); age > c.cfg.Retention {
+	if age := time.Since(born); age > c.cfg.Retention && !c.replayPastRetention(msg) {
 		c.deadLetter(ctx, d, fmt.Sprintf("event %s is %s old, beyond the inbox retention of %s: it may have been processed already",
 			d.ev.ID, age.Round(time.Second), c.cfg.Retention))
 		return nil, false
 	}
 	return d, true
+}
+
+// HeaderReplayPastRetention is "true" on a replay from the DLQ that an
+// operator forced past the consumer's retention (onceflow dlq replay
+// --past-retention): the retention guard lets it through.
+const HeaderReplayPastRetention = "Onceflow-Replay-Past-Retention"
+
+// replayPastRetention reports whether msg is an operator's replay to this
+// consumer that overrides the retention guard: it carries the header and
+// came on the consumer's own replay subject, which only the operator's
+// identity may publish.
+func (c *Consumer) replayPastRetention(msg jetstream.Msg) bool {
+	if msg.Headers().Get(HeaderReplayPastRetention) != "true" {
+		return false
+	}
+	_, durable, ok := streams.ReplayOf(msg.Subject())
+	return ok && durable == c.cfg.Durable
 }
