@@ -53,8 +53,8 @@ func TestClusterLeaderLoss(t *testing.T) {
 }
 
 // TestClusterPartition cuts the node leading the ORDERS stream off from the
-// other two (every route to and from it through a proxy that drops what it
-// carries) for six seconds, twice during the load: the majority elects new
+// other two (every route to and from it through a proxy that resets its
+// connections) for six seconds, twice during the load: the majority elects new
 // leaders and the saga goes on through it; services connected to the cut
 // node wait for it. Then the partition heals and the node catches up.
 func TestClusterPartition(t *testing.T) {
@@ -82,7 +82,7 @@ func TestClusterPartition(t *testing.T) {
 	sys.verifyStoredOnce(d, err)
 }
 
-// partition drops everything on the routes to and from node for d.
+// partition cuts the routes to and from node for d.
 func (sys *system) partition(ctx context.Context, node *natsServer, d time.Duration) error {
 	cut := -1
 	for i, n := range sys.cluster.nodes {
@@ -93,7 +93,11 @@ func (sys *system) partition(ctx context.Context, node *natsServer, d time.Durat
 	if cut < 0 || sys.cluster.links == nil {
 		return fmt.Errorf("cannot cut %s off: not a node of a proxied cluster", node.name)
 	}
-	drop := func(stream string) toxic { return toxic{"timeout", stream, 1, `{"timeout":0}`} }
+	// Connections reset, and new ones too, until the toxic goes: a node
+	// cut off. (A toxic that drops bytes on a live connection, which TCP
+	// never does, lost route protocol messages for good: a consumer
+	// created after the heal had no responders from the healed node.)
+	drop := func(stream string) toxic { return toxic{"reset_peer", stream, 1, `{"timeout":0}`} }
 	g, gctx := errgroup.WithContext(ctx)
 	for i, row := range sys.cluster.links {
 		for j, link := range row {
