@@ -31,6 +31,7 @@ var extras = map[string]map[string]string{
 		"mailer_test.go": "the mailer's tests",
 		"batch.go":       "the set-based form of its order milestone handler (inbox.BatchHandler), an optimisation",
 		"batch_test.go":  "its tests",
+		"retry.go":       "the operator's retry of FAILED e-mails (onceflow mail retry)",
 	},
 	"order": {
 		"setup_test.go": "test helpers shared by order's several test files",
