@@ -54,6 +54,7 @@ func (sys *system) verify(d *driver, e expect) {
 		InventoryURL: sys.pg.url(sys.dbName("inventory")),
 		NotifyURL:    sys.pg.url(sys.dbName("notify")),
 		NATSURL:      sys.natsURL,
+		NATSCreds:    sys.creds[streams.Operator],
 		Wait:         auditWait,
 	}, slog.New(slog.DiscardHandler))
 	if err != nil {

@@ -10,12 +10,9 @@ import (
 	"testing"
 	"time"
 
-	caarlos "github.com/caarlos0/env/v11"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/onceflow/onceflow/internal/app"
-	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -45,7 +42,7 @@ const clusterBlock = `cluster {
 
 // startCluster starts three nodes whose files live under dir, routed
 // directly or, with px, through a proxy per ordered pair of nodes.
-func startCluster(t *testing.T, dir string, px *toxics) *natsCluster {
+func startCluster(t *testing.T, dir, authConf string, px *toxics) *natsCluster {
 	t.Helper()
 	const n = 3
 	ports := testenv.FreePorts(t, 4*n) // client, monitor, route, advertised
@@ -86,7 +83,7 @@ func startCluster(t *testing.T, dir string, px *toxics) *natsCluster {
 			monitor:  ports[4*i+1],
 			name:     name,
 		}
-		conf := fmt.Sprintf(natsConfig, name, node.port, node.monitor, filepath.Join(nodeDir, "jetstream")) +
+		conf := authConf + fmt.Sprintf(natsConfig, name, node.port, node.monitor, filepath.Join(nodeDir, "jetstream")) +
 			fmt.Sprintf(clusterBlock, ports[4*i+2], ports[4*i+3], strings.Join(routes, ", "))
 		if err := os.WriteFile(node.confPath, []byte(conf), 0o644); err != nil {
 			t.Fatalf("e2e: write nats config: %v", err)
@@ -135,7 +132,7 @@ func newClusterSystem(t *testing.T, proxied bool) *system {
 		if proxied {
 			px = newToxics()
 		}
-		sys.cluster = startCluster(t, sys.dir, px)
+		sys.cluster = startCluster(t, sys.dir, sys.authConf, px)
 		sys.natsURL = sys.cluster.url()
 	})
 }
@@ -152,45 +149,13 @@ func clusterScenario(t *testing.T, proxied bool, env []string, n int) (*system, 
 	if err := sys.awaitCurrent(t.Context(), time.Minute); err != nil {
 		t.Fatalf("e2e: %v", err)
 	}
+	// Provisioned by sys.start, as `onceflow provision` with this env.
 	env = append([]string{"STREAM_REPLICAS=3", "CONSUMER_ACK_WAIT=5s"}, env...)
-	if err := sys.provision(t.Context(), env); err != nil {
-		t.Fatalf("e2e: %v", err)
-	}
 	perKind := map[string][]string{}
 	for _, kind := range kinds {
 		perKind[kind] = env
 	}
 	return sys, startDriver(t, sys, deployment{env: perKind}, n)
-}
-
-// provision creates the streams and consumers as the services configured
-// with env would, before they start: four services creating R3 streams at
-// once on a loaded machine can outlast the JetStream API's time-out, and a
-// service whose provisioning fails exits (a separate provisioning step, as
-// in production, is the way out).
-func (sys *system) provision(ctx context.Context, env []string) error {
-	vars := map[string]string{"DATABASE_URL": "unused"}
-	for _, kv := range env {
-		k, v, _ := strings.Cut(kv, "=")
-		vars[k] = v
-	}
-	cfg, err := caarlos.ParseAsWithOptions[app.Config](caarlos.Options{Environment: vars})
-	if err != nil {
-		return fmt.Errorf("services' config: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	for {
-		attempt, cancelAttempt := context.WithTimeout(ctx, 10*time.Second)
-		err := streams.Provision(attempt, sys.js, streams.Saga(cfg.Streams()))
-		cancelAttempt()
-		if err == nil {
-			return nil
-		}
-		if !sleepCtx(ctx, 500*time.Millisecond) {
-			return fmt.Errorf("provision the streams on the cluster: %w", err)
-		}
-	}
 }
 
 // awaitCurrent waits until every node runs and every stream and consumer

@@ -252,7 +252,9 @@ func poisonMessages() []poisonMsg {
 		h.Set(event.HeaderSpecVersion, "1.0")
 		h.Set(event.HeaderID, mustUUIDv7().String())
 		h.Set(event.HeaderType, string(typ))
-		h.Set(event.HeaderSource, "e2e-poison")
+		// Its type's owner ("onceflow.<owner>.…"), so that the inbox's owner
+		// check lets it through to the fault it carries.
+		h.Set(event.HeaderSource, strings.Split(string(typ), ".")[1])
 		h.Set(event.HeaderSubject, subject)
 		h.Set(event.HeaderTime, at.UTC().Format(time.RFC3339Nano))
 		h.Set(event.HeaderContentType, "application/json")

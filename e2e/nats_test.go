@@ -44,8 +44,9 @@ jetstream {
 `
 
 // startNATS starts a server whose files live in dir, listening for clients
-// on port and for monitoring on monitor.
-func startNATS(ctx context.Context, bin, dir string, port, monitor int) (*natsServer, error) {
+// on port and for monitoring on monitor, trusting the identities of
+// authConf (natsauth's server configuration).
+func startNATS(ctx context.Context, bin, dir, authConf string, port, monitor int) (*natsServer, error) {
 	n := &natsServer{
 		bin:      bin,
 		confPath: filepath.Join(dir, "nats.conf"),
@@ -53,7 +54,7 @@ func startNATS(ctx context.Context, bin, dir string, port, monitor int) (*natsSe
 		port:     port,
 		monitor:  monitor,
 	}
-	conf := fmt.Sprintf(natsConfig, "e2e", port, monitor, filepath.Join(dir, "jetstream"))
+	conf := authConf + fmt.Sprintf(natsConfig, "e2e", port, monitor, filepath.Join(dir, "jetstream"))
 	if err := os.WriteFile(n.confPath, []byte(conf), 0o644); err != nil {
 		return nil, fmt.Errorf("write nats config: %w", err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
@@ -44,8 +45,13 @@ type system struct {
 	// natsURL is what the services and the auditor connect to: the
 	// server's URL, or the cluster's three.
 	natsURL string
-	js      jetstream.JetStream
-	faults  *faults
+	// authConf is natsauth's server configuration, which every NATS server
+	// of the scenario includes; creds are the credentials files by identity:
+	// one per service, the provisioner's, the operator's and the harness's.
+	authConf string
+	creds    map[string]string
+	js       jetstream.JetStream
+	faults   *faults
 	// observed counts what a scenario saw happen, as evidence that its
 	// fault met what it aimed at (events published again, transactions open
 	// at a crash, …); the figures line shows it apart from the faults.
@@ -64,7 +70,7 @@ func newSystem(t *testing.T) *system {
 	t.Helper()
 	return newSystemWith(t, func(sys *system) {
 		ports := testenv.FreePorts(t, 2)
-		n, err := startNATS(t.Context(), shared.natsBin, sys.dir, ports[0], ports[1])
+		n, err := startNATS(t.Context(), shared.natsBin, sys.dir, sys.authConf, ports[0], ports[1])
 		if err != nil {
 			t.Fatalf("e2e: %v", err)
 		}
@@ -123,8 +129,19 @@ func newSystemWith(t *testing.T, startBroker func(sys *system)) *system {
 		t.Cleanup(pool.Close)
 	}
 
+	authority, err := natsauth.New()
+	if err != nil {
+		t.Fatalf("e2e: %v", err)
+	}
+	if sys.authConf, err = authority.ServerConfig(); err != nil {
+		t.Fatalf("e2e: %v", err)
+	}
+	if sys.creds, err = authority.WriteCreds(filepath.Join(sys.dir, "creds"), streams.Saga(streams.Config{}), natsauth.Admin); err != nil {
+		t.Fatalf("e2e: %v", err)
+	}
 	startBroker(sys)
-	nc, err := nats.Connect(sys.natsURL, nats.Name("e2e"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	nc, err := nats.Connect(sys.natsURL, append(sys.natsClient(natsauth.Admin).Options(natsauth.Admin),
+		nats.Name("e2e"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))...)
 	if err != nil {
 		t.Fatalf("e2e: connect to nats: %v", err)
 	}
@@ -133,6 +150,35 @@ func newSystemWith(t *testing.T, startBroker func(sys *system)) *system {
 		t.Fatalf("e2e: jetstream: %v", err)
 	}
 	return sys
+}
+
+// natsClient is how identity connects to the scenario's NATS server.
+func (sys *system) natsClient(identity string) natsauth.Client {
+	return natsauth.Client{URL: sys.natsURL, Creds: sys.creds[identity]}
+}
+
+// provision runs `onceflow provision` with the provisioner's credentials,
+// as the compose demo's one-shot job does, with the services' extra
+// environment (the durables' settings are provisioning's).
+func (sys *system) provision(d deployment) {
+	t := sys.t
+	t.Helper()
+	env := []string{
+		"PATH=" + os.Getenv("PATH"),
+		"NATS_URL=" + sys.natsURL,
+		"NATS_CREDS=" + sys.creds[streams.Provisioner],
+	}
+	for _, kind := range kinds {
+		env = append(env, d.env[kind]...)
+	}
+	p, err := startProcess(shared.onceflowBin, []string{"provision", "--wait", "2m"}, env, filepath.Join(sys.dir, "provision.log"))
+	if err != nil {
+		t.Fatalf("e2e: onceflow provision: %v", err)
+	}
+	<-p.done
+	if p.err != nil {
+		t.Fatalf("e2e: onceflow provision: %v; log:\n%s", p.err, tailFile(filepath.Join(sys.dir, "provision.log"), 20))
+	}
 }
 
 // deployment is how the services of a scenario run.
@@ -150,10 +196,12 @@ type deployment struct {
 	natsAddr     map[string]string
 }
 
-// start starts the services and returns once every instance is ready.
+// start provisions the streams and starts the services, and returns once
+// every instance is ready.
 func (sys *system) start(d deployment) {
 	t := sys.t
 	t.Helper()
+	sys.provision(d)
 	n := 0
 	for _, kind := range kinds {
 		n += max(1, d.replicas[kind])
@@ -179,6 +227,7 @@ func (sys *system) start(d deployment) {
 				"PATH=" + os.Getenv("PATH"),
 				"DATABASE_URL=" + dbURL,
 				"NATS_URL=" + natsURL,
+				"NATS_CREDS=" + sys.creds[kind],
 				fmt.Sprintf("HTTP_ADDR=127.0.0.1:%d", port),
 				"LOG_LEVEL=info",
 				"SHUTDOWN_TIMEOUT=20s",

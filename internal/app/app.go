@@ -51,11 +51,9 @@ type Subscription struct {
 
 // Spec is what a service adds to the shared runtime.
 type Spec struct {
+	// Subscriptions are durables of the topology (streams.Saga) whose
+	// Service is the service's name; `onceflow provision` creates them.
 	Subscriptions []Subscription
-	// Consumers are durable consumers the service adds to the saga's
-	// topology (streams.Saga) for its own subscriptions, provisioned before
-	// they start: how a service added later brings its durables along.
-	Consumers []streams.Consumer
 	// Routes registers the service's HTTP routes.
 	Routes func(e *echo.Echo)
 	// Background loops run beside the consumers and end with ctx.
@@ -63,10 +61,12 @@ type Spec struct {
 }
 
 // Run runs the service name until ctx is done, in four named steps:
-// connect (the database, migrated, and NATS, with the saga's streams
-// provisioned), newService (the service's Spec from build, and the
+// connect (the database, migrated, and NATS, as the service's own
+// identity), newService (the service's Spec from build, and the
 // consumers, relay and HTTP server around it), serve (everything runs until
-// ctx ends) and shutdown (stop in the order that loses nothing).
+// ctx ends; the consumers once `onceflow provision` has created their
+// durables, /readyz saying so meanwhile) and shutdown (stop in the order
+// that loses nothing).
 func Run(ctx context.Context, name string, cfg Config, logger *slog.Logger, build func(Deps) (Spec, error)) (err error) {
 	// Records logged with a context carry its trace id and event ids.
 	logger = slog.New(telemetry.NewLogHandler(logger.Handler())).With("service", name)
@@ -170,7 +170,7 @@ func connect(ctx context.Context, name string, cfg Config, logger *slog.Logger) 
 		return nil, err
 	}
 
-	c.nc, err = nats.Connect(cfg.NATSURL,
+	c.nc, err = nats.Connect(cfg.NATSURL, append(cfg.natsClient().Options(name),
 		nats.Name("onceflow-"+name),
 		nats.MaxReconnects(-1),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -179,7 +179,7 @@ func connect(ctx context.Context, name string, cfg Config, logger *slog.Logger) 
 			}
 		}),
 		nats.ReconnectHandler(func(*nats.Conn) { logger.Info("nats reconnected") }),
-	)
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to nats %s: %w", cfg.NATSURL, err)
 	}
@@ -188,9 +188,6 @@ func connect(ctx context.Context, name string, cfg Config, logger *slog.Logger) 
 	c.js, err = jetstream.New(c.nc, jetstream.WithPublishAsyncTimeout(30*time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
-	}
-	if err := streams.Provision(ctx, c.js, streams.Saga(cfg.Streams())); err != nil {
-		return nil, err
 	}
 	return c, nil
 }
@@ -203,11 +200,12 @@ type service struct {
 	spec      Spec
 	relay     *outbox.Relay
 	consumers []*inbox.Consumer
+	prov      *provisioned
 	srv       *http.Server
 	ln        net.Listener
 }
 
-// newService builds the service's Spec, provisions its durables, and builds
+// newService builds the service's Spec, and builds
 // the relay, one inbox consumer per subscription, the metrics and the HTTP
 // server around it.
 func newService(ctx context.Context, name string, cfg Config, c *conns, tp trace.TracerProvider, logger *slog.Logger, build func(Deps) (Spec, error)) (*service, error) {
@@ -226,9 +224,6 @@ func newService(ctx context.Context, name string, cfg Config, c *conns, tp trace
 	if err != nil {
 		return nil, fmt.Errorf("build %s: %w", name, err)
 	}
-	if err := streams.Provision(ctx, c.js, streams.Topology{Config: cfg.Streams(), Consumers: spec.Consumers}); err != nil {
-		return nil, err
-	}
 
 	// The consumers and the relay drain the saga; they get connections of
 	// their own, one per consumer worker and two for the relay (its batches and
@@ -240,7 +235,7 @@ func newService(ctx context.Context, name string, cfg Config, c *conns, tp trace
 	if err != nil {
 		return nil, err
 	}
-	s := &service{conns: c, cfg: cfg, logger: logger, spec: spec}
+	s := &service{conns: c, cfg: cfg, logger: logger, spec: spec, prov: newProvisioned(spec.Subscriptions)}
 	s.relay = outbox.NewRelay(c.workPool, c.js, outbox.RelayConfig{
 		BatchSize:      cfg.OutboxBatchSize,
 		PollInterval:   cfg.OutboxPollInterval,
@@ -260,7 +255,7 @@ func newService(ctx context.Context, name string, cfg Config, c *conns, tp trace
 	if err != nil {
 		return nil, fmt.Errorf("register metrics: %w", err)
 	}
-	s.srv = newHTTPServer(cfg, logger, c.pool, c.nc, registry, observe, spec.Routes)
+	s.srv = newHTTPServer(cfg, logger, c.pool, c.nc, s.prov, registry, observe, spec.Routes)
 	if s.ln = cfg.HTTPListener; s.ln == nil {
 		if s.ln, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 			return nil, fmt.Errorf("listen on %s: %w", cfg.HTTPAddr, err)
@@ -271,6 +266,7 @@ func newService(ctx context.Context, name string, cfg Config, c *conns, tp trace
 
 // newConsumers returns one inbox consumer per subscription.
 func newConsumers(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, subs []Subscription, m *metrics, tp trace.TracerProvider, logger *slog.Logger) []*inbox.Consumer {
+	topology := streams.Saga(streams.Config{})
 	consumers := make([]*inbox.Consumer, len(subs))
 	for i, sub := range subs {
 		if !cfg.ConsumerSetBased {
@@ -286,6 +282,7 @@ func newConsumers(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, subs [
 			Retention:    cfg.InboxRetention,
 			AfterCommit:  killAfterCommit(cfg.FaultKillAfterCommit, logger),
 			Observer:     m.consumer(sub.Durable, tp),
+			Topology:     &topology,
 		}, sub.Handler, logger)
 	}
 	return consumers
@@ -305,14 +302,20 @@ func (s *service) startRelay(ctx context.Context) (stop func() error) {
 	}
 }
 
-// serve runs the consumers, the service's background loops, the cleaners and
+// serve runs the consumers (once their durables exist), the service's background loops, the cleaners and
 // the HTTP server until ctx ends (or one of them fails), and returns once
 // they have all stopped.
 func (s *service) serve(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
-	for _, c := range s.consumers {
-		g.Go(func() error { return c.Run(gctx) })
-	}
+	g.Go(func() error {
+		if s.prov.wait(gctx, s.js, s.logger); gctx.Err() != nil {
+			return nil
+		}
+		for _, c := range s.consumers {
+			g.Go(func() error { return c.Run(gctx) })
+		}
+		return nil
+	})
 	for _, loop := range s.spec.Background {
 		g.Go(func() error { return loop(gctx) })
 	}
@@ -361,7 +364,7 @@ func (s *service) shutdown(ctx context.Context, stopRelay func() error) error {
 	return err
 }
 
-func newHTTPServer(cfg Config, logger *slog.Logger, pool *pgxpool.Pool, nc *nats.Conn, registry *prometheus.Registry, observe echo.MiddlewareFunc, routes func(*echo.Echo)) *http.Server {
+func newHTTPServer(cfg Config, logger *slog.Logger, pool *pgxpool.Pool, nc *nats.Conn, prov *provisioned, registry *prometheus.Registry, observe echo.MiddlewareFunc, routes func(*echo.Echo)) *http.Server {
 	e := httpapi.New(logger, observe)
 	e.GET("/healthz", func(c echo.Context) error { return c.JSON(http.StatusOK, map[string]string{"status": "ok"}) })
 	e.GET("/readyz", func(c echo.Context) error {
@@ -372,6 +375,9 @@ func newHTTPServer(cfg Config, logger *slog.Logger, pool *pgxpool.Pool, nc *nats
 		}
 		if !nc.IsConnected() {
 			return httpapi.NewProblem(http.StatusServiceUnavailable, "nats: %s", nc.Status())
+		}
+		if err := prov.ready(); err != nil {
+			return httpapi.NewProblem(http.StatusServiceUnavailable, "streams: %v", err)
 		}
 		return c.JSON(http.StatusOK, map[string]string{"status": "ready"})
 	})

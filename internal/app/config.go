@@ -6,7 +6,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/internal/natsauth"
 )
 
 // Config is what every service reads from its environment. Services embed it
@@ -22,22 +22,19 @@ type Config struct {
 	NATSURL  string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
 	HTTPAddr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8080"`
 
+	// NATSCreds is the service's credentials file (natsauth); NATSTLSCA
+	// the CAs of a tls:// NATS_URL's server, when not the system's. The
+	// streams' and durables' settings are `onceflow provision`'s
+	// (streams.Config).
+	NATSCreds string `env:"NATS_CREDS"`
+	NATSTLSCA string `env:"NATS_TLS_CA"`
+
 	// Inbox consumers: the most messages in a batch, one transaction per
 	// batch (or per message), batches processed at once per subscription.
 	ConsumerBatchSize int           `env:"CONSUMER_BATCH_SIZE" envDefault:"64"`
 	ConsumerBatched   bool          `env:"CONSUMER_BATCHED" envDefault:"true"`
 	ConsumerWorkers   int           `env:"CONSUMER_WORKERS" envDefault:"1"`
 	InboxRetention    time.Duration `env:"INBOX_RETENTION" envDefault:"168h"`
-
-	// The durables' redelivery settings, applied when the streams are
-	// provisioned (see streams.Config): the ack wait, the most deliveries
-	// before the DLQ, and the per-delivery back-off (a comma-separated list
-	// of durations, e.g. 1s,5s,30s; empty: AckWait for every delivery). Set
-	// them alike for every service of a deployment: each provisions the
-	// whole topology.
-	ConsumerAckWait    time.Duration   `env:"CONSUMER_ACK_WAIT" envDefault:"30s"`
-	ConsumerMaxDeliver int             `env:"CONSUMER_MAX_DELIVER" envDefault:"10"`
-	ConsumerBackOff    []time.Duration `env:"CONSUMER_BACKOFF"`
 
 	// ConsumerSetBased lets batched consumers use their subscription's
 	// set-based batch handler, where it has one; off, every event of a batch
@@ -54,10 +51,6 @@ type Config struct {
 	OutboxRetention time.Duration `env:"OUTBOX_RETENTION" envDefault:"1h"`
 
 	IdempotencyRetention time.Duration `env:"IDEMPOTENCY_RETENTION" envDefault:"24h"`
-
-	StreamReplicas        int           `env:"STREAM_REPLICAS" envDefault:"1"`
-	StreamMaxAge          time.Duration `env:"STREAM_MAX_AGE" envDefault:"72h"`
-	StreamDuplicateWindow time.Duration `env:"STREAM_DUPLICATE_WINDOW" envDefault:"2m"`
 
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
 
@@ -77,15 +70,7 @@ type Config struct {
 	HTTPListener net.Listener `env:"-"`
 }
 
-// Streams is the stream configuration derived from c.
-func (c Config) Streams() streams.Config {
-	return streams.Config{
-		Replicas:        c.StreamReplicas,
-		MaxAge:          c.StreamMaxAge,
-		DuplicateWindow: c.StreamDuplicateWindow,
-		InboxRetention:  c.InboxRetention,
-		AckWait:         c.ConsumerAckWait,
-		MaxDeliver:      c.ConsumerMaxDeliver,
-		BackOff:         c.ConsumerBackOff,
-	}
+// natsClient is how the service connects to NATS.
+func (c Config) natsClient() natsauth.Client {
+	return natsauth.Client{URL: c.NATSURL, Creds: c.NATSCreds, TLSCA: c.NATSTLSCA}
 }

@@ -22,6 +22,8 @@ import (
 
 	"github.com/onceflow/onceflow/internal/app"
 	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/natsauth"
+	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -37,17 +39,23 @@ type Service struct {
 	JS      jetstream.JetStream
 }
 
-// Start runs the service name until the test ends, with the defaults of
-// app.Config except a short outbox poll interval; configure adjusts them.
+// Start provisions the saga's topology and runs the service name, with its
+// own credentials, until the test ends, with the defaults of app.Config
+// except a short outbox poll interval; configure adjusts them.
 // It returns once /readyz answers.
 func Start(t *testing.T, name string, run RunFunc, configure ...func(*app.Config)) *Service {
 	t.Helper()
 	db := testenv.NewServiceDatabase(t, name)
 	nt := testenv.NewNATS(t)
 
+	// As `onceflow provision` would, before the service waits for its
+	// durables.
+	require.NoError(t, natsauth.Provision(t.Context(), nt.Client(streams.Provisioner), streams.Saga(streams.Config{})))
+
 	cfg, err := env.ParseAsWithOptions[app.Config](env.Options{Environment: map[string]string{
 		"DATABASE_URL":         db.URL,
 		"NATS_URL":             nt.URL,
+		"NATS_CREDS":           nt.Client(name).Creds,
 		"OUTBOX_POLL_INTERVAL": "100ms",
 		"SHUTDOWN_TIMEOUT":     "10s",
 	}})

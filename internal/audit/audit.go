@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
 )
@@ -35,6 +36,9 @@ type Config struct {
 	OtherURLs map[string]string
 	// NATSURL is the NATS server with the saga's streams.
 	NATSURL string
+	// NATSCreds and NATSTLSCA are the operator's credentials file and the
+	// CAs of a tls:// server (natsauth.Client); empty for none.
+	NATSCreds, NATSTLSCA string
 	// Wait bounds the wait for the system to go quiet before the checks run:
 	// every order terminal, every outbox empty, every consumer caught up,
 	// every e-mail sent. Zero checks at once. A system that is not quiet when
@@ -129,7 +133,8 @@ func connect(ctx context.Context, cfg Config) (_ *system, err error) {
 		}
 		sys.others = append(sys.others, database{service: service, pool: pool})
 	}
-	nc, err := nats.Connect(cfg.NATSURL, nats.Name("onceflow-audit"))
+	client := natsauth.Client{URL: cfg.NATSURL, Creds: cfg.NATSCreds, TLSCA: cfg.NATSTLSCA}
+	nc, err := nats.Connect(cfg.NATSURL, append(client.Options(streams.Operator), nats.Name("onceflow-audit"))...)
 	if err != nil {
 		return nil, fmt.Errorf("audit: connect to nats: %w", err)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/onceflow/onceflow/internal/dlq"
 	"github.com/onceflow/onceflow/internal/dlq/dlqtest"
 	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
@@ -279,7 +280,7 @@ func TestAudit(t *testing.T) {
 					_, err := s.js.PauseConsumer(t.Context(), streams.Payments, durable, time.Now().Add(time.Hour))
 					require.NoError(t, err)
 				}
-				_, err := s.js.Publish(t.Context(), "payments.debited.v1", []byte("not an event"))
+				_, err := s.payment.Publish(t.Context(), "payments.debited.v1", []byte("not an event"))
 				require.NoError(t, err)
 				return func() {
 					for _, durable := range []string{streams.InventoryPayments, streams.OrderPayments} {
@@ -364,6 +365,7 @@ func TestAudit(t *testing.T) {
 		t.Setenv("INVENTORY_DATABASE_URL", s.urls["inventory"])
 		t.Setenv("NOTIFY_DATABASE_URL", s.urls["notify"])
 		t.Setenv("NATS_URL", s.env.NATSURL)
+		t.Setenv("NATS_CREDS", s.env.NATSCreds[streams.Operator])
 		var stdout, stderr bytes.Buffer
 		require.NoError(t, cli.Run(t.Context(), []string{"audit", "--wait", "30s"}, &stdout, &stderr), stderr.String())
 		require.Contains(t, stdout.String(), "ok    money ")
@@ -385,7 +387,9 @@ type saga struct {
 	env  *dev.Env
 	urls map[string]string // database URL per service
 	dbs  map[string]*pgxpool.Pool
-	js   jetstream.JetStream
+	// js has every right (dev.Config.TestAdmin), payment is the payment
+	// service's.
+	js, payment jetstream.JetStream
 	// Orders: confirmed (alice, 3 apples), rejected for funds (bob),
 	// cancelled for stock (alice, a plum) and refunded.
 	confirmed, rejected, cancelled string
@@ -409,11 +413,9 @@ func startSaga(t *testing.T) *saga {
 		t.Cleanup(pool.Close)
 		s.dbs[svc.Name] = pool
 	}
-	nc, err := nats.Connect(e.NATSURL)
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	s.js, err = jetstream.New(nc)
-	require.NoError(t, err)
+	// With every right, to corrupt the system on purpose; the payment
+	// service publishes the poison below.
+	s.js, s.payment = connectAs(t, e, natsauth.Admin), connectAs(t, e, "payment")
 
 	s.confirmed = placeOrder(t, e, "alice", `{"sku":"apple","quantity":3,"unit_price_cents":120}`)
 	s.rejected = placeOrder(t, e, "bob", `{"sku":"pear","quantity":10,"unit_price_cents":1000}`) // 10000 > 5000
@@ -422,6 +424,17 @@ func startSaga(t *testing.T) *saga {
 	require.NoError(t, s.dbs["order"].QueryRow(t.Context(),
 		`SELECT event_id FROM order_timeline WHERE order_id = $1 AND event_type = 'onceflow.order.placed.v1'`, s.confirmed).Scan(&s.confirmedPlaced))
 	return s
+}
+
+// connectAs connects to e's NATS as identity.
+func connectAs(t *testing.T, e *dev.Env, identity string) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(e.NATSURL, natsauth.Client{Creds: e.NATSCreds[identity]}.Options(identity)...)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	return js
 }
 
 // audit audits s, waiting at most wait for quiet.
@@ -433,6 +446,7 @@ func (s *saga) audit(t *testing.T, wait time.Duration) audit.Report {
 		InventoryURL: s.urls["inventory"],
 		NotifyURL:    s.urls["notify"],
 		NATSURL:      s.env.NATSURL,
+		NATSCreds:    s.env.NATSCreds[streams.Operator],
 		Wait:         wait,
 		PollInterval: 20 * time.Millisecond,
 	}, testLogger(t))
@@ -526,7 +540,7 @@ func onServer(t *testing.T) dev.Config {
 			require.NoError(t, err)
 		}
 	})
-	return dev.Config{DatabaseURL: admin, DatabasePrefix: prefix}
+	return dev.Config{DatabaseURL: admin, DatabasePrefix: prefix, TestAdmin: true}
 }
 
 // placeOrder places an order of items (JSON objects) and waits until it is

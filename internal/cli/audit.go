@@ -9,12 +9,13 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/onceflow/onceflow/internal/audit"
+	"github.com/onceflow/onceflow/internal/natsauth"
 )
 
 // auditEnv is what `onceflow audit` reads from the environment besides the
 // services' <SERVICE>_DATABASE_URLs.
 type auditEnv struct {
-	NATSURL string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
+	NATS natsauth.Client
 }
 
 func runAudit(ctx context.Context, inv invocation, args []string) error {
@@ -42,7 +43,8 @@ Each service's database is <SERVICE>_DATABASE_URL (ORDER_DATABASE_URL,
 PAYMENT_DATABASE_URL, INVENTORY_DATABASE_URL, NOTIFY_DATABASE_URL, and one
 for each service added with 'onceflow new service', whose outbox and
 inbox get the outbox and consumers checks); NATS is NATS_URL (default
-nats://127.0.0.1:4222).`)
+nats://127.0.0.1:4222), reached with the operator's credentials in
+NATS_CREDS (and the CAs of a tls:// server in NATS_TLS_CA).`)
 	wait := fs.Duration("wait", time.Minute, "wait at most this long for the system to go quiet before checking (0: check at once)")
 	if err := parse(fs, args, inv.stdout); err != nil {
 		return helped(err)
@@ -109,6 +111,6 @@ func auditConfig() (audit.Config, error) {
 	if err != nil {
 		return audit.Config{}, fmt.Errorf("audit config: %w", err)
 	}
-	cfg.NATSURL = e.NATSURL
+	cfg.NATSURL, cfg.NATSCreds, cfg.NATSTLSCA = e.NATS.URL, e.NATS.Creds, e.NATS.TLSCA
 	return cfg, nil
 }

@@ -90,6 +90,18 @@ func commands() []command {
 			run:     runDev,
 		},
 		command{
+			name:    "provision",
+			usage:   "[--wait D]",
+			summary: "create or update the streams and durable consumers, as the provisioner (idempotent)",
+			run:     runProvision,
+		},
+		command{
+			name:    "nats-auth",
+			usage:   "--dir DIR [--rotate]",
+			summary: "write a NATS server's trust configuration and each identity's credentials",
+			run:     runNATSAuth,
+		},
+		command{
 			name:    "migrate",
 			usage:   "[service...]",
 			summary: "migrate the named services' databases (default: all four) without serving",

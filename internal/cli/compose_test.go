@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"log/slog"
@@ -153,9 +154,14 @@ func TestComposeDependenciesHaveHealthchecks(t *testing.T) {
 	for name, svc := range project.Services {
 		for dep, cfg := range svc.DependsOn {
 			dependedOn++
-			require.Equal(t, types.ServiceConditionHealthy, cfg.Condition, "%s depends on %s", name, dep)
 			target, ok := project.Services[dep]
 			require.True(t, ok, "%s depends on unknown service %s", name, dep)
+			if target.Restart == "no" {
+				// A one-shot job (nats-auth, provision): done, not healthy.
+				require.Equal(t, types.ServiceConditionCompletedSuccessfully, cfg.Condition, "%s depends on %s", name, dep)
+				continue
+			}
+			require.Equal(t, types.ServiceConditionHealthy, cfg.Condition, "%s depends on %s", name, dep)
 			require.NotNil(t, target.HealthCheck, "%s depends on %s, which has no healthcheck", name, dep)
 			require.False(t, target.HealthCheck.Disable, "%s depends on %s, whose healthcheck is disabled", name, dep)
 			require.NotEmpty(t, target.HealthCheck.Test, "%s depends on %s, whose healthcheck tests nothing", name, dep)
@@ -191,9 +197,24 @@ func TestComposeNATSConfig(t *testing.T) {
 	project := loadCompose(t)
 	nats := project.Services["nats"]
 	conf := mountedFile(t, nats, nats.Command[len(nats.Command)-1])
+	require.Empty(t, nats.Ports, "NATS is published to nobody")
 
-	opts, err := server.ProcessConfigFile(conf)
+	// Beside a copy, what the nats-auth job writes into the volume the
+	// server mounts beside its configuration.
+	dir := t.TempDir()
+	src, err := os.ReadFile(conf)
 	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "onceflow.conf"), src, 0o644))
+	require.True(t, mountedAt(nats, "/etc/nats/auth"), "the nats-auth volume is not mounted beside the configuration")
+	var stdout, stderr bytes.Buffer
+	require.NoError(t, Run(t.Context(), []string{"nats-auth", "--dir", filepath.Join(dir, "auth")}, &stdout, &stderr), stderr.String())
+	opts, err := server.ProcessConfigFile(filepath.Join(dir, "onceflow.conf"))
+	require.NoError(t, err)
+	require.Len(t, opts.TrustedOperators, 1, "operator mode: users are the JWTs the operator's account signs")
+	for name := range onceflowServices(t, project) {
+		creds := *project.Services[name].Environment["NATS_CREDS"]
+		require.FileExists(t, filepath.Join(dir, "auth", strings.TrimPrefix(creds, "/auth/")), "%s: NATS_CREDS", name)
+	}
 	require.True(t, opts.JetStream, "JetStream enabled")
 	require.True(t, opts.SyncAlways, "sync_interval: always")
 	require.NotEmpty(t, opts.StoreDir)

@@ -13,6 +13,7 @@ import (
 	"github.com/onceflow/onceflow/internal/audit"
 	"github.com/onceflow/onceflow/internal/console"
 	"github.com/onceflow/onceflow/internal/dev"
+	"github.com/onceflow/onceflow/internal/streams"
 )
 
 // consoleEnv is what `onceflow console` reads from the environment besides
@@ -113,7 +114,7 @@ func serveDevConsole(ctx context.Context, inv invocation, e *dev.Env, host strin
 
 // devAuditConfig names e's databases and NATS as the auditor reads them.
 func devAuditConfig(e *dev.Env) audit.Config {
-	cfg := audit.Config{NATSURL: e.NATSURL}
+	cfg := audit.Config{NATSURL: e.NATSURL, NATSCreds: e.NATSCreds[streams.Operator]}
 	for _, s := range e.Services {
 		switch s.Name {
 		case "order":

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/onceflow/onceflow/internal/dev"
+	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/services/inventory"
 	"github.com/onceflow/onceflow/services/notify"
 	"github.com/onceflow/onceflow/services/order"
@@ -224,6 +226,8 @@ func printEnv(w io.Writer, e *dev.Env, cfg dev.Config) {
 		fmt.Fprintf(tw, "  nats %s\t%s\tkill -9 \"$(cat %s)\"\n", n.Name, n.URL, n.PIDFile)
 	}
 	_ = tw.Flush()
+	fmt.Fprintf(w, "  NATS credentials: %s (this run's, one per identity; onceflow audit: NATS_CREDS=%s)\n",
+		filepath.Dir(e.NATSCreds[streams.Operator]), e.NATSCreds[streams.Operator])
 	switch {
 	case cfg.DatabaseURL != "":
 		fmt.Fprintln(w, "  PostgreSQL is DATABASE_URL's server; its databases are kept.")

@@ -20,11 +20,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/onceflow/onceflow/internal/dlq"
+	"github.com/onceflow/onceflow/internal/natsauth"
+	"github.com/onceflow/onceflow/internal/streams"
 )
 
 // dlqEnv is what `onceflow dlq` reads from the environment.
 type dlqEnv struct {
-	NATSURL string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
+	// NATS is reached with the operator's credentials.
+	NATS natsauth.Client
 	// Operator names who replays and discards, unless --by does.
 	Operator string `env:"ONCEFLOW_OPERATOR"`
 	User     string `env:"USER"`
@@ -60,7 +63,7 @@ Run 'onceflow dlq <subcommand> -h' for its flags.
 
 // dlqStore connects to NATS and returns the DLQ store and a close func.
 func dlqStore(cfg dlqEnv) (*dlq.Store, func(), error) {
-	nc, err := nats.Connect(cfg.NATSURL, nats.Name("onceflow-dlq"))
+	nc, err := nats.Connect(cfg.NATS.URL, append(cfg.NATS.Options(streams.Operator), nats.Name("onceflow-dlq"))...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("dlq: connect to nats: %w", err)
 	}

@@ -37,6 +37,7 @@ func TestDLQCommands(t *testing.T) {
 	ctx := t.Context()
 	require.NoError(t, streams.Provision(ctx, js, streams.Saga(streams.Config{Storage: jetstream.MemoryStorage, InboxRetention: time.Hour})))
 	t.Setenv("NATS_URL", nt.URL)
+	t.Setenv("NATS_CREDS", nt.Client(streams.Operator).Creds)
 	t.Setenv("ONCEFLOW_OPERATOR", "ops@example")
 
 	fresh := debited(t, time.Now())

@@ -19,6 +19,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/audit"
 	"github.com/onceflow/onceflow/internal/dlq"
+	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
 )
@@ -73,7 +74,8 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Server, err e
 		}
 		s.pools[name] = pool
 	}
-	if s.nc, err = nats.Connect(cfg.Audit.NATSURL, nats.Name("onceflow-console"), nats.MaxReconnects(-1)); err != nil {
+	client := natsauth.Client{URL: cfg.Audit.NATSURL, Creds: cfg.Audit.NATSCreds, TLSCA: cfg.Audit.NATSTLSCA}
+	if s.nc, err = nats.Connect(client.URL, append(client.Options(streams.Operator), nats.Name("onceflow-console"), nats.MaxReconnects(-1))...); err != nil {
 		return nil, fmt.Errorf("console: connect to nats: %w", err)
 	}
 	if s.js, err = jetstream.New(s.nc); err != nil {

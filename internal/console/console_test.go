@@ -27,6 +27,7 @@ import (
 	"github.com/onceflow/onceflow/internal/console"
 	"github.com/onceflow/onceflow/internal/dev"
 	"github.com/onceflow/onceflow/internal/dlq"
+	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
@@ -56,7 +57,7 @@ func start(t *testing.T) *system {
 	_, err = dev.Seed(ctx, e)
 	require.NoError(t, err)
 	s := &system{env: e, pools: map[string]*pgxpool.Pool{}}
-	cfg := console.Config{Audit: audit.Config{NATSURL: e.NATSURL}, Auth: console.TokenAuth{Token: operatorToken, Name: "ops"}, Live: 200 * time.Millisecond}
+	cfg := console.Config{Audit: audit.Config{NATSURL: e.NATSURL, NATSCreds: e.NATSCreds[streams.Operator]}, Auth: console.TokenAuth{Token: operatorToken, Name: "ops"}, Live: 200 * time.Millisecond}
 	for _, svc := range e.Services {
 		pool, err := postgres.Connect(ctx, svc.DatabaseURL)
 		require.NoError(t, err)
@@ -64,7 +65,8 @@ func start(t *testing.T) *system {
 		s.pools[svc.Name] = pool
 		*map[string]*string{"order": &cfg.Audit.OrderURL, "payment": &cfg.Audit.PaymentURL, "inventory": &cfg.Audit.InventoryURL, "notify": &cfg.Audit.NotifyURL}[svc.Name] = svc.DatabaseURL
 	}
-	nc, err := nats.Connect(e.NATSURL)
+	// With every right (dev.Config.TestAdmin), to corrupt on purpose.
+	nc, err := nats.Connect(e.NATSURL, natsauth.Client{Creds: e.NATSCreds[natsauth.Admin]}.Options(natsauth.Admin)...)
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	s.js, err = jetstream.New(nc)
@@ -99,7 +101,7 @@ func onServer(t *testing.T) dev.Config {
 			require.NoError(t, err)
 		}
 	})
-	return dev.Config{DatabaseURL: admin, DatabasePrefix: prefix}
+	return dev.Config{DatabaseURL: admin, DatabasePrefix: prefix, TestAdmin: true}
 }
 
 func testLogger(t *testing.T) *slog.Logger {
@@ -272,7 +274,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	report, err := audit.Run(t.Context(), audit.Config{
 		OrderURL: s.env.Services[0].DatabaseURL, PaymentURL: s.env.Services[1].DatabaseURL,
 		InventoryURL: s.env.Services[2].DatabaseURL, NotifyURL: s.env.Services[3].DatabaseURL,
-		NATSURL: s.env.NATSURL, Wait: waitFor,
+		NATSURL: s.env.NATSURL, NATSCreds: s.env.NATSCreds[streams.Operator], Wait: waitFor,
 	}, testLogger(t))
 	require.NoError(t, err)
 	require.True(t, report.OK(), "%+v", report.Failed())

@@ -19,8 +19,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/onceflow/onceflow/internal/app"
 	"github.com/onceflow/onceflow/internal/freeport"
+	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/streams"
 )
 
@@ -78,7 +78,7 @@ cluster {
 
 // startCluster starts cfg.ClusterNodes nats-server processes routed into
 // one cluster and provisions the streams once it answers.
-func (e *Env) startCluster(ctx context.Context, cfg Config) error {
+func (e *Env) startCluster(ctx context.Context, cfg Config, authConf string) error {
 	if len(cfg.NATSNodeCommand) == 0 {
 		return errors.New("a NATS cluster needs Config.NATSNodeCommand: the command that runs a nats-server")
 	}
@@ -111,7 +111,7 @@ func (e *Env) startCluster(ctx context.Context, cfg Config) error {
 			logger:  e.logger.With("component", "nats", "node", name),
 		}
 		confPath := filepath.Join(dir, name+".conf")
-		conf := fmt.Sprintf(nodeConfig, name, net.JoinHostPort(cfg.Host, strconv.Itoa(clientPorts[i])), node.PIDFile,
+		conf := authConf + fmt.Sprintf(nodeConfig, name, net.JoinHostPort(cfg.Host, strconv.Itoa(clientPorts[i])), node.PIDFile,
 			filepath.Join(dir, name), sync, net.JoinHostPort("127.0.0.1", strconv.Itoa(routePorts[i])), strings.Join(routes, ", "))
 		if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
 			return fmt.Errorf("write %s: %w", confPath, err)
@@ -124,7 +124,7 @@ func (e *Env) startCluster(ctx context.Context, cfg Config) error {
 		urls = append(urls, node.URL)
 	}
 	e.NATSURL = strings.Join(urls, ",")
-	return provision(ctx, e.NATSURL, servicesEnviron(cfg))
+	return nil
 }
 
 // clusterPorts returns the nodes' client and route ports: from
@@ -241,18 +241,19 @@ func (n *NATSNode) stop() {
 	}
 }
 
-// provision creates the streams and consumers, as the services configured
-// with environ would, before they start, retrying until the cluster's
-// nodes have found each other and elected a meta leader: the four services
-// creating R3 streams at once can outlast the JetStream API's time-out on a
-// busy machine, and a service whose provisioning fails exits.
-func provision(ctx context.Context, url string, environ map[string]string) error {
-	cfg, err := env.ParseAsWithOptions[app.Config](env.Options{Environment: overlay(environ, map[string]string{"DATABASE_URL": "unused"})})
+// provision creates the streams and consumers as `onceflow provision`
+// would, as the provisioner, with the stream settings of environ, before
+// the services start, retrying until a cluster's nodes have found each
+// other and elected a meta leader: creating R3 streams can outlast the
+// JetStream API's time-out on a busy machine.
+func provision(ctx context.Context, client natsauth.Client, environ map[string]string) error {
+	cfg, err := env.ParseAsWithOptions[streams.Config](env.Options{Environment: environ})
 	if err != nil {
-		return fmt.Errorf("services' config: %w", err)
+		return fmt.Errorf("stream config: %w", err)
 	}
 	// The nodes may not listen yet.
-	nc, err := nats.Connect(url, nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	nc, err := nats.Connect(client.URL, append(client.Options(streams.Provisioner),
+		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))...)
 	if err != nil {
 		return fmt.Errorf("connect to the nats cluster: %w", err)
 	}
@@ -267,7 +268,7 @@ func provision(ctx context.Context, url string, environ map[string]string) error
 		// Each attempt bounded: a request made before the connection was
 		// up waits for its context's end.
 		attempt, cancelAttempt := context.WithTimeout(ctx, 10*time.Second)
-		err := streams.Provision(attempt, js, streams.Saga(cfg.Streams()))
+		err := streams.Provision(attempt, js, streams.Saga(cfg))
 		cancelAttempt()
 		if err == nil {
 			return nil

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/dev"
+	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/streams"
 )
 
@@ -38,7 +39,7 @@ func TestCluster(t *testing.T) {
 	require.NoError(t, err)
 	requireStatus(t, e, placeOrder(t, e, "alice", "apple", 1, 100), "CONFIRMED")
 
-	nc, err := nats.Connect(e.NATSURL)
+	nc, err := nats.Connect(e.NATSURL, natsauth.Client{Creds: e.NATSCreds[streams.Operator]}.Options(streams.Operator)...)
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)

@@ -21,6 +21,9 @@ import (
 
 	"github.com/onceflow/onceflow/internal/app"
 	"github.com/onceflow/onceflow/internal/localpg"
+	"github.com/onceflow/onceflow/internal/natsauth"
+	"github.com/onceflow/onceflow/internal/registry"
+	"github.com/onceflow/onceflow/internal/streams"
 )
 
 const (
@@ -93,11 +96,16 @@ type Config struct {
 	// down. Tests set it to record spans.
 	TracerProvider trace.TracerProvider
 	// Environ is the environment the services read their configuration from,
-	// as os.Environ returns it. Start overrides DATABASE_URL, NATS_URL and
-	// HTTP_ADDR in it, and sets OUTBOX_ATOMIC_BATCH_MIN to 0 where it is
+	// as os.Environ returns it (the stream settings of streams.Config too,
+	// for the provisioning). Start overrides DATABASE_URL, NATS_URL,
+	// NATS_CREDS and HTTP_ADDR in it, and sets OUTBOX_ATOMIC_BATCH_MIN to 0 where it is
 	// unset and JetStream does not fsync every write. Nil means every other
 	// setting at its default.
 	Environ []string
+	// TestAdmin issues natsauth.Admin's credentials too
+	// (Env.NATSCreds[natsauth.Admin]): every right in the account, for
+	// tests that corrupt the system on purpose. onceflow dev never sets it.
+	TestAdmin bool
 	// ReadyTimeout bounds the wait for every service to answer /readyz;
 	// default 2 minutes.
 	ReadyTimeout time.Duration
@@ -141,11 +149,15 @@ type Service struct {
 type Env struct {
 	// Services are order, payment, inventory and notify, in that order.
 	Services []Service
-	// NATSURL connects to the embedded NATS server, or lists the cluster's
-	// nodes.
+	// NATSURL connects to the embedded NATS server, which refuses anonymous
+	// connections, or lists the cluster's nodes.
 	NATSURL string
 	// NATSNodes are the cluster's nodes, with Config.ClusterNodes.
 	NATSNodes []*NATSNode
+	// NATSCreds are the credentials files the server accepts, issued for
+	// this run, by identity: each service's, streams.Provisioner's and
+	// streams.Operator's (for onceflow audit).
+	NATSCreds map[string]string
 
 	logger    *slog.Logger
 	listeners []net.Listener
@@ -218,6 +230,21 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Env, err er
 	}
 
 	environ := servicesEnviron(cfg)
+	if err := provision(ctx, natsauth.Client{URL: e.NATSURL, Creds: e.NATSCreds[streams.Provisioner]}, environ); err != nil {
+		return nil, err
+	}
+	e.runServices(ctx, services, environ, cfg.TracerProvider, logger)
+
+	if err := e.waitReady(ctx, cfg.ReadyTimeout); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// runServices runs every service on its listener, with environ and its own
+// database and NATS credentials, until ctx ends or one fails; e.done is
+// closed once they have all returned.
+func (e *Env) runServices(ctx context.Context, services []service, environ map[string]string, tp trace.TracerProvider, logger *slog.Logger) {
 	runCtx, cancel := context.WithCancel(ctx)
 	e.cancel = cancel
 	g, gctx := errgroup.WithContext(runCtx)
@@ -225,11 +252,12 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Env, err er
 		env := overlay(environ, map[string]string{
 			"DATABASE_URL": e.Services[i].DatabaseURL,
 			"NATS_URL":     e.NATSURL,
+			"NATS_CREDS":   e.NATSCreds[svc.name],
 			"HTTP_ADDR":    e.listeners[i].Addr().String(),
 		})
 		ln := e.listeners[i]
 		g.Go(func() error {
-			if err := svc.run(gctx, env, ln, logger, func(c *app.Config) { c.TracerProvider = cfg.TracerProvider }); err != nil {
+			if err := svc.run(gctx, env, ln, logger, func(c *app.Config) { c.TracerProvider = tp }); err != nil {
 				return fmt.Errorf("%s: %w", svc.name, err)
 			}
 			return nil
@@ -239,11 +267,6 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Env, err er
 		e.runErr = g.Wait()
 		close(e.done)
 	}()
-
-	if err := e.waitReady(ctx, cfg.ReadyTimeout); err != nil {
-		return nil, err
-	}
-	return e, nil
 }
 
 // URL is the base URL of the named service's HTTP API, or "" if there is no
@@ -311,14 +334,18 @@ func (e *Env) stop(ctx context.Context) error {
 
 // startBroker starts the embedded NATS server, or the cluster's nodes.
 func (e *Env) startBroker(ctx context.Context, cfg Config) error {
-	if cfg.ClusterNodes > 1 {
-		return e.startCluster(ctx, cfg)
+	conf, err := e.authorize(cfg)
+	if err != nil {
+		return err
 	}
-	return e.startNATS(cfg)
+	if cfg.ClusterNodes > 1 {
+		return e.startCluster(ctx, cfg, conf)
+	}
+	return e.startNATS(cfg, conf)
 }
 
 // startNATS starts the embedded NATS server with JetStream.
-func (e *Env) startNATS(cfg Config) error {
+func (e *Env) startNATS(cfg Config, authConf string) error {
 	storeDir, err := e.dir(cfg.DataDir, "nats")
 	if err != nil {
 		return err
@@ -336,15 +363,15 @@ func (e *Env) startNATS(cfg Config) error {
 		}
 		_ = ln.Close()
 	}
-	srv, err := server.NewServer(&server.Options{
-		ServerName: "onceflow-dev",
-		Host:       cfg.Host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   storeDir,
-		SyncAlways: cfg.natsSyncAlways(),
-		NoSigs:     true,
-	})
+	opts := &server.Options{}
+	if err := opts.ProcessConfigString(authConf); err != nil {
+		return fmt.Errorf("embedded nats: %w", err)
+	}
+	opts.ServerName = "onceflow-dev"
+	opts.Host, opts.Port = cfg.Host, port
+	opts.JetStream, opts.StoreDir, opts.SyncAlways = true, storeDir, cfg.natsSyncAlways()
+	opts.NoSigs = true
+	srv, err := server.NewServer(opts)
 	if err != nil {
 		return fmt.Errorf("embedded nats: %w", err)
 	}
@@ -358,6 +385,37 @@ func (e *Env) startNATS(cfg Config) error {
 	e.nats = srv
 	e.NATSURL = srv.ClientURL()
 	return nil
+}
+
+// authorize returns the NATS server's natsauth configuration, and issues
+// this run's credentials. The authority's keys
+// are kept in DataDir beside the JetStream store, whose streams belong to
+// its account; the credentials are new every run.
+func (e *Env) authorize(cfg Config) (string, error) {
+	authority, err := natsauth.New()
+	if cfg.DataDir != "" {
+		authority, err = natsauth.Open(filepath.Join(cfg.DataDir, "nats-auth"))
+	}
+	if err != nil {
+		return "", fmt.Errorf("nats authority: %w", err)
+	}
+	conf, err := authority.ServerConfig()
+	if err != nil {
+		return "", err
+	}
+	dir, err := os.MkdirTemp("", "onceflow-creds-")
+	if err != nil {
+		return "", fmt.Errorf("create credentials directory: %w", err)
+	}
+	e.tempDirs = append(e.tempDirs, dir)
+	more := registry.Names()
+	if cfg.TestAdmin {
+		more = append(more, natsauth.Admin)
+	}
+	if e.NATSCreds, err = authority.WriteCreds(dir, streams.Saga(streams.Config{}), more...); err != nil {
+		return "", err
+	}
+	return conf, nil
 }
 
 // startPostgres starts the local cluster, unless cfg names a server, and

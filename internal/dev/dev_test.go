@@ -15,12 +15,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/dev"
+	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/registry"
+	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -65,7 +68,15 @@ func TestStartStop(t *testing.T) {
 	require.Empty(t, e.URL("shipping"))
 	entries, err := os.ReadDir(tmp)
 	require.NoError(t, err)
-	require.Len(t, entries, 2, "a NATS store and a cluster directory")
+	require.Len(t, entries, 3, "a NATS store, this run's NATS credentials and a cluster directory")
+	nc, err := nats.Connect(e.NATSURL, nats.MaxReconnects(0))
+	if err == nil {
+		nc.Close()
+	}
+	require.Error(t, err, "an anonymous connection to dev's NATS is refused")
+	nc, err = nats.Connect(e.NATSURL, append(natsauth.Client{Creds: e.NATSCreds[streams.Operator]}.Options(streams.Operator), nats.MaxReconnects(0))...)
+	require.NoError(t, err, "the operator's credentials are accepted")
+	nc.Close()
 
 	select {
 	case <-e.Done():

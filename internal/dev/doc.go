@@ -1,8 +1,11 @@
 // Package dev runs the whole of onceflow in one process: a PostgreSQL server
 // with one database per service (a throwaway local cluster, or an existing
-// server), an embedded NATS server with JetStream, and the four services
-// order, payment, inventory and notify, each through its own Run function,
-// exactly as the one-service commands run them.
+// server), an embedded NATS server with JetStream that trusts only the
+// identities of package natsauth (credentials issued per run, each service
+// its own; anonymous connections refused), the streams provisioned as
+// `onceflow provision` would, and the four services order, payment,
+// inventory and notify, each through its own Run function, exactly as the
+// one-service commands run them.
 //
 // It is `onceflow dev`, and the harness of in-process system tests: the zero
 // Config listens on ports the system picks, and Start hands each service a

@@ -18,6 +18,7 @@ import (
 	"github.com/onceflow/onceflow/internal/inbox/internal/dbsqlc"
 	"github.com/onceflow/onceflow/internal/jsbatch"
 	"github.com/onceflow/onceflow/internal/postgres"
+	"github.com/onceflow/onceflow/internal/streams"
 )
 
 // DefaultRetention is how long processed_events rows are kept by default,
@@ -127,6 +128,9 @@ type Config struct {
 	// Observer, when set, is told of every handler call, transaction and
 	// settled message (metrics, tracing); package app sets it.
 	Observer Observer
+	// Topology, when set, has every event checked against its owner in it
+	// (owner.go), and dead-lettered when it fails; package app sets it.
+	Topology *streams.Topology
 }
 
 func (cfg Config) validate() error {

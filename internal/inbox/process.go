@@ -121,6 +121,9 @@ func (c *Consumer) decode(ctx context.Context, msg jetstream.Msg) (d *delivery, 
 		c.deadLetter(ctx, d, fmt.Sprintf("decode: %v", err))
 		return nil, false
 	}
+	if !c.fromOwner(ctx, d) {
+		return nil, false
+	}
 	// The Cleaner deletes the processed_events row of an event minted
 	// more than the retention period (and its margin) ago, so a redelivery
 	// of it would not be recognised: it is dead-lettered instead. An event whose own time

@@ -170,18 +170,16 @@ func TestNewServiceEndToEnd(t *testing.T) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		require.Equal(c, confirmed, awards(ctx, c, db))
 	}, 30*time.Second, 50*time.Millisecond, "one award per confirmed order, none for the others")
-	nc, err := nats.Connect(sys.natsURL)
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
+	// Read as the operator; published again below as the order service,
+	// the only identity that may publish its events.
+	js, orderJS := sys.jetStream(t, streams.Operator), sys.jetStream(t, "order")
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		require.Equal(c, uint64(len(confirmed)), streamMsgs(ctx, c, js, "LOYALTY"))
 	}, 30*time.Second, 50*time.Millisecond, "one PointsAwarded published per confirmed order")
 	done()
 
 	done = step("deliver every OrderConfirmed again")
-	redelivered := republish(t, js, "orders.confirmed.v1", len(confirmed))
+	redelivered := republish(t, js, orderJS, "orders.confirmed.v1", len(confirmed))
 	require.Len(t, redelivered, len(confirmed))
 	awaitConsumed(t, js, streams.Orders, "loyalty-orders")
 	done()
@@ -246,6 +244,19 @@ type devSystem struct {
 	urls      map[string]string // service → API base URL
 	databases map[string]string // service → database URL
 	natsURL   string
+	natsCreds string // the directory of this run's credentials
+}
+
+// jetStream connects to the system's NATS as identity.
+func (sys *devSystem) jetStream(t *testing.T, identity string) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(sys.natsURL, nats.UserCredentials(filepath.Join(sys.natsCreds, identity+".creds")),
+		nats.CustomInboxPrefix(streams.InboxPrefix(identity)))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	return js
 }
 
 // startDev runs `onceflow dev --seed` on free ports and returns once it
@@ -301,6 +312,8 @@ func startDev(t *testing.T, bin string) *devSystem {
 				sys.urls[f[0]], sys.databases[f[0]] = f[1], f[2]
 			case len(f) == 2 && f[0] == "nats":
 				sys.natsURL = f[1]
+			case strings.HasPrefix(line, "  NATS credentials: "):
+				sys.natsCreds = f[2]
 			case line == "Press Ctrl-C to stop.":
 				go func() { // the rest of the output, until exit
 					for range lines {
@@ -382,7 +395,7 @@ func awards(ctx context.Context, t require.TestingT, db *pgx.Conn) map[string]in
 // that lost track would: with a fresh Nats-Msg-Id, so that JetStream's
 // dedup lets it through and only the consumer's inbox can stop it. It
 // returns the ids of the events it republished.
-func republish(t *testing.T, js jetstream.JetStream, subject string, n int) []string {
+func republish(t *testing.T, js, publisher jetstream.JetStream, subject string, n int) []string {
 	t.Helper()
 	cons, err := js.OrderedConsumer(t.Context(), streams.Orders, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
 	require.NoError(t, err)
@@ -397,7 +410,7 @@ func republish(t *testing.T, js jetstream.JetStream, subject string, n int) []st
 	for _, m := range msgs {
 		ids = append(ids, m.Header.Get(event.HeaderID))
 		m.Header.Set(jetstream.MsgIDHeader, uuid.NewString())
-		_, err := js.PublishMsg(t.Context(), m)
+		_, err := publisher.PublishMsg(t.Context(), m)
 		require.NoError(t, err)
 	}
 	return ids

@@ -73,25 +73,36 @@ const (
 	defaultMaxAge      = 72 * time.Hour
 	defaultDLQMaxAge   = 30 * 24 * time.Hour
 	defaultActionsAge  = 365 * 24 * time.Hour
+	defaultMaxBytes    = 256 << 20 // per stream; the demo's store holds 1 GiB
+	defaultDLQMaxBytes = 64 << 20
+	defaultMaxMsgSize  = 1 << 20 // NATS's default max_payload
 	defaultMaxAckPend  = 1000
 	defaultReplicas    = 1
 	defaultStorageType = jetstream.FileStorage
 )
 
-// Config is what differs between deployments. Zero values take the defaults.
+// Config is what differs between deployments, read by `onceflow provision`
+// from its environment. Zero values take the defaults.
 type Config struct {
-	Replicas        int                   // default 1; 3 on a cluster
-	Storage         jetstream.StorageType // default file
-	DuplicateWindow time.Duration         // default 2m; the outbox keeps sent rows at least this long
-	MaxAge          time.Duration         // default 72h; the inbox retention must exceed it
-	DLQMaxAge       time.Duration         // default 30 days
+	Replicas        int                   `env:"STREAM_REPLICAS"`         // default 1; 3 on a cluster
+	Storage         jetstream.StorageType `env:"-"`                       // default file
+	DuplicateWindow time.Duration         `env:"STREAM_DUPLICATE_WINDOW"` // default 2m; the outbox keeps sent rows at least this long
+	MaxAge          time.Duration         `env:"STREAM_MAX_AGE"`          // default 72h; the inbox retention must exceed it
+	DLQMaxAge       time.Duration         `env:"DLQ_MAX_AGE"`             // default 30 days
+	// MaxBytes bounds each event stream (default 256 MiB) and DLQMaxBytes
+	// the DLQ (default 64 MiB): a full stream refuses publishes, which the
+	// outbox relays retry, instead of filling the server's store.
+	MaxBytes    int64 `env:"STREAM_MAX_BYTES"`
+	DLQMaxBytes int64 `env:"DLQ_MAX_BYTES"`
+	// MaxMsgSize bounds one message on every stream; default 1 MiB.
+	MaxMsgSize int32 `env:"STREAM_MAX_MSG_SIZE"`
 	// DLQActionsMaxAge is how long the record of replays and discards is
 	// kept; default a year.
-	DLQActionsMaxAge time.Duration
+	DLQActionsMaxAge time.Duration `env:"DLQ_ACTIONS_MAX_AGE"`
 	// InboxRetention, when set, is recorded in the metadata of every
 	// durable provisioned (MetadataInboxRetention), so that a replay from
 	// the DLQ can tell whether the consumer's inbox still remembers an event.
-	InboxRetention time.Duration
+	InboxRetention time.Duration `env:"INBOX_RETENTION" envDefault:"168h"`
 
 	// The redelivery settings of every consumer that does not set its own:
 	// AckWait (default 30s) must be longer than a handler or a batch needs,
@@ -101,9 +112,9 @@ type Config struct {
 	// message; BackOff, when set, is the ack wait of each delivery in turn
 	// (the server takes its first as the AckWait, and wants MaxDeliver
 	// above its length).
-	AckWait    time.Duration
-	MaxDeliver int
-	BackOff    []time.Duration
+	AckWait    time.Duration   `env:"CONSUMER_ACK_WAIT"`
+	MaxDeliver int             `env:"CONSUMER_MAX_DELIVER"`
+	BackOff    []time.Duration `env:"CONSUMER_BACKOFF"`
 }
 
 // MetadataInboxRetention is the consumer metadata key that holds the inbox
@@ -114,13 +125,20 @@ const MetadataInboxRetention = "onceflow.inbox.retention"
 type Stream struct {
 	Name     string
 	Subjects []string
+	// Owner is the service that publishes on Subjects, the only one allowed
+	// to, and the ce-source of every event stored there.
+	Owner    string
 	MaxAge   time.Duration
+	MaxBytes int64
 }
 
 // Consumer is one durable pull consumer: one per (service, subscription).
 type Consumer struct {
 	Stream  string
 	Durable string
+	// Service is the service that consumes the durable, the only one
+	// allowed to.
+	Service string
 	// FilterSubjects are the subjects of the events it consumes (all of
 	// the stream's when empty). Provisioning adds their replay subjects.
 	FilterSubjects []string
@@ -158,19 +176,19 @@ func Saga(cfg Config) Topology {
 	return Topology{
 		Config: cfg,
 		Streams: []Stream{
-			{Name: Orders, Subjects: []string{"orders.>"}},
-			{Name: Payments, Subjects: []string{"payments.>"}},
-			{Name: Inventory, Subjects: []string{"inventory.>"}},
+			{Name: Orders, Subjects: []string{"orders.>"}, Owner: "order"},
+			{Name: Payments, Subjects: []string{"payments.>"}, Owner: "payment"},
+			{Name: Inventory, Subjects: []string{"inventory.>"}, Owner: "inventory"},
 		},
 		Consumers: []Consumer{
-			{Stream: Orders, Durable: PaymentOrders, FilterSubjects: []string{"orders.placed.v1"}},
-			{Stream: Inventory, Durable: PaymentInventory, FilterSubjects: []string{"inventory.rejected.v1"}},
-			{Stream: Payments, Durable: InventoryPayments, FilterSubjects: []string{"payments.debited.v1"}},
+			{Stream: Orders, Durable: PaymentOrders, Service: "payment", FilterSubjects: []string{"orders.placed.v1"}},
+			{Stream: Inventory, Durable: PaymentInventory, Service: "payment", FilterSubjects: []string{"inventory.rejected.v1"}},
+			{Stream: Payments, Durable: InventoryPayments, Service: "inventory", FilterSubjects: []string{"payments.debited.v1"}},
 			// Every subject named, not "payments.>": a wildcard would also
 			// match the other durables' replay subjects.
-			{Stream: Payments, Durable: OrderPayments, FilterSubjects: []string{"payments.debited.v1", "payments.rejected.v1", "payments.refunded.v1"}},
-			{Stream: Inventory, Durable: OrderInventory, FilterSubjects: []string{"inventory.reserved.v1", "inventory.rejected.v1"}},
-			{Stream: Orders, Durable: NotifyOrders, FilterSubjects: []string{"orders.placed.v1", "orders.confirmed.v1", "orders.rejected.v1", "orders.cancelled.v1"}},
+			{Stream: Payments, Durable: OrderPayments, Service: "order", FilterSubjects: []string{"payments.debited.v1", "payments.rejected.v1", "payments.refunded.v1"}},
+			{Stream: Inventory, Durable: OrderInventory, Service: "order", FilterSubjects: []string{"inventory.reserved.v1", "inventory.rejected.v1"}},
+			{Stream: Orders, Durable: NotifyOrders, Service: "notify", FilterSubjects: []string{"orders.placed.v1", "orders.confirmed.v1", "orders.rejected.v1", "orders.cancelled.v1"}},
 		},
 	}
 }
@@ -180,16 +198,7 @@ func Saga(cfg Config) Topology {
 // changes nothing.
 func Provision(ctx context.Context, js jetstream.JetStream, t Topology) error {
 	cfg := t.Config
-	streams := append([]Stream{{
-		Name:     DLQ,
-		Subjects: []string{DLQSubjectPrefix + ">"},
-		MaxAge:   cmp.Or(cfg.DLQMaxAge, defaultDLQMaxAge),
-	}, {
-		Name:     DLQActions,
-		Subjects: []string{DLQActionsSubjectPrefix + ">"},
-		MaxAge:   cmp.Or(cfg.DLQActionsMaxAge, defaultActionsAge),
-	}}, t.Streams...)
-	for _, s := range streams {
+	for _, s := range t.AllStreams() {
 		if err := provisionStream(ctx, js, jetstream.StreamConfig{
 			Name:       s.Name,
 			Subjects:   s.Subjects,
@@ -197,8 +206,12 @@ func Provision(ctx context.Context, js jetstream.JetStream, t Topology) error {
 			Replicas:   cmp.Or(cfg.Replicas, defaultReplicas),
 			Duplicates: cmp.Or(cfg.DuplicateWindow, defaultDupWindow),
 			MaxAge:     cmp.Or(s.MaxAge, cfg.MaxAge, defaultMaxAge),
+			MaxBytes:   cmp.Or(s.MaxBytes, cfg.MaxBytes, defaultMaxBytes),
+			MaxMsgSize: cmp.Or(cfg.MaxMsgSize, defaultMaxMsgSize),
 			Retention:  jetstream.LimitsPolicy,
-			Discard:    jetstream.DiscardOld,
+			// A full stream refuses what comes (the outbox relays retry)
+			// rather than dropping its oldest events unconsumed.
+			Discard: jetstream.DiscardNew,
 			// The outbox relays publish large batches atomically: one
 			// fsync per batch under sync_interval: always (nats-server
 			// 2.12+).
@@ -236,6 +249,22 @@ func Provision(ctx context.Context, js jetstream.JetStream, t Topology) error {
 	return nil
 }
 
+// AllStreams returns the DLQ and DLQ actions streams and t's streams:
+// every stream Provision creates.
+func (t Topology) AllStreams() []Stream {
+	return append([]Stream{{
+		Name:     DLQ,
+		Subjects: []string{DLQSubjectPrefix + ">"},
+		MaxAge:   cmp.Or(t.Config.DLQMaxAge, defaultDLQMaxAge),
+		MaxBytes: cmp.Or(t.Config.DLQMaxBytes, defaultDLQMaxBytes),
+	}, {
+		Name:     DLQActions,
+		Subjects: []string{DLQActionsSubjectPrefix + ">"},
+		MaxAge:   cmp.Or(t.Config.DLQActionsMaxAge, defaultActionsAge),
+		MaxBytes: cmp.Or(t.Config.DLQMaxBytes, defaultDLQMaxBytes),
+	}}, t.Streams...)
+}
+
 // provisionStream creates the stream, or updates it only when its
 // configuration differs. Every service provisions at start-up, often at the
 // same moment; an update that changes nothing would still race with another
@@ -255,7 +284,8 @@ func provisionStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.
 	have := s.CachedInfo().Config
 	if slices.Equal(have.Subjects, cfg.Subjects) && have.Storage == cfg.Storage &&
 		have.Replicas == cfg.Replicas && have.Duplicates == cfg.Duplicates &&
-		have.MaxAge == cfg.MaxAge && have.Retention == cfg.Retention && have.Discard == cfg.Discard &&
+		have.MaxAge == cfg.MaxAge && have.MaxBytes == cfg.MaxBytes && have.MaxMsgSize == cfg.MaxMsgSize &&
+		have.Retention == cfg.Retention && have.Discard == cfg.Discard &&
 		have.AllowAtomicPublish == cfg.AllowAtomicPublish {
 		return nil
 	}

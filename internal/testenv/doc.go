@@ -1,5 +1,8 @@
 // Package testenv gives tests real servers: a fresh, migrated PostgreSQL
-// database per test and a NATS server with JetStream. It is imported only by
+// database per test and a NATS server with JetStream. An embedded NATS server
+// trusts only natsauth's identities: NATS.Client gives each service, the
+// provisioner and the operator its own credentials, and NATS.Conn connects
+// as the test, with every right. It is imported only by
 // _test.go files; a package that uses it runs its tests through Run, which
 // stops the shared servers when they are done (without it, a test that asks
 // for one fails):

@@ -13,6 +13,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/testcontainers/testcontainers-go"
 	tcnats "github.com/testcontainers/testcontainers-go/modules/nats"
+
+	"github.com/onceflow/onceflow/internal/natsauth"
+	"github.com/onceflow/onceflow/internal/streams"
 )
 
 const natsImage = "nats:2.11-alpine"
@@ -24,6 +27,10 @@ type NATS struct {
 
 	embedded bool
 	storeDir string
+	// authConf is the embedded server's natsauth configuration; creds are
+	// the credentials it accepts, by identity (see Creds).
+	authConf string
+	creds    map[string]string
 
 	mu      sync.Mutex
 	srv     *server.Server // the embedded server, its latest instance
@@ -58,6 +65,9 @@ func NewNATS(t testing.TB) *NATS {
 	// A port from FreePorts rather than a random one, so that Restart finds
 	// it still free.
 	n := &NATS{embedded: true, storeDir: t.TempDir(), port: FreePorts(t, 1)[0]}
+	if err := n.authorize(t.TempDir()); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
 	if err := n.start(); err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
@@ -66,16 +76,46 @@ func NewNATS(t testing.TB) *NATS {
 	return n
 }
 
-// Conn connects to the server and closes the connection when the test ends.
-// The connection reconnects quickly and without limit, to ride out Restart;
-// opts come after these defaults.
+// authorize makes the embedded server trust a new natsauth.Authority and
+// issues credentials for every identity of the saga's topology, and for
+// the tests' own connections, into dir.
+func (n *NATS) authorize(dir string) error {
+	a, err := natsauth.New()
+	if err != nil {
+		return err
+	}
+	if n.authConf, err = a.ServerConfig(); err != nil {
+		return err
+	}
+	n.creds, err = a.WriteCreds(dir, streams.Saga(streams.Config{}), natsauth.Admin)
+	return err
+}
+
+// Client is how identity (a service of the saga's topology,
+// streams.Provisioner or streams.Operator) connects to the server: with
+// credentials of its own on an embedded server, which refuses anonymous
+// connections, and without on a shared one.
+func (n *NATS) Client(identity string) natsauth.Client {
+	return natsauth.Client{URL: n.URL, Creds: n.creds[identity]}
+}
+
+// Conn connects to the server as the test, with every right in the
+// account, and closes the connection when the test ends. The connection
+// reconnects quickly and without limit, to ride out Restart; opts come after
+// these defaults.
 func (n *NATS) Conn(t testing.TB, opts ...nats.Option) *nats.Conn {
 	t.Helper()
-	opts = append([]nats.Option{
+	return n.ConnAs(t, natsauth.Admin, opts...)
+}
+
+// ConnAs connects to the server as identity (see Client), as Conn does.
+func (n *NATS) ConnAs(t testing.TB, identity string, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	opts = append(append([]nats.Option{
 		nats.Name(t.Name()),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(50 * time.Millisecond),
-	}, opts...)
+	}, n.Client(identity).Options(identity)...), opts...)
 	nc, err := nats.Connect(n.URL, opts...)
 	if err != nil {
 		t.Fatalf("testenv: connect to nats %s: %v", n.URL, err)
@@ -132,14 +172,14 @@ func (n *NATS) start() error {
 }
 
 func (n *NATS) startLocked() error {
-	srv, err := server.NewServer(&server.Options{
-		Host:      "127.0.0.1",
-		Port:      n.port,
-		JetStream: true,
-		StoreDir:  n.storeDir,
-		NoLog:     true,
-		NoSigs:    true,
-	})
+	opts := &server.Options{}
+	if err := opts.ProcessConfigString(n.authConf); err != nil {
+		return fmt.Errorf("embedded nats: %w", err)
+	}
+	opts.Host, opts.Port = "127.0.0.1", n.port
+	opts.JetStream, opts.StoreDir = true, n.storeDir
+	opts.NoLog, opts.NoSigs = true, true
+	srv, err := server.NewServer(opts)
 	if err != nil {
 		return fmt.Errorf("embedded nats: %w", err)
 	}
