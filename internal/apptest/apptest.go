@@ -45,12 +45,20 @@ type Service struct {
 // It returns once /readyz answers.
 func Start(t *testing.T, name string, run RunFunc, configure ...func(*app.Config)) *Service {
 	t.Helper()
+	return StartWithStreams(t, name, run, streams.Config{}, configure...)
+}
+
+// StartWithStreams is Start with the topology provisioned with sc (e.g. a
+// MaxDeliver of its own), as `onceflow provision` would with the stream
+// settings of its environment.
+func StartWithStreams(t *testing.T, name string, run RunFunc, sc streams.Config, configure ...func(*app.Config)) *Service {
+	t.Helper()
 	db := testenv.NewServiceDatabase(t, name)
 	nt := testenv.NewNATS(t)
 
 	// As `onceflow provision` would, before the service waits for its
 	// durables.
-	require.NoError(t, natsauth.Provision(t.Context(), nt.Client(streams.Provisioner), streams.Saga(streams.Config{})))
+	require.NoError(t, natsauth.Provision(t.Context(), nt.Client(streams.Provisioner), streams.Saga(sc)))
 
 	cfg, err := env.ParseAsWithOptions[app.Config](env.Options{Environment: map[string]string{
 		"DATABASE_URL":         db.URL,

@@ -297,7 +297,9 @@ func failCommitsOnWallets(t *testing.T, svc *apptest.Service) (lift func()) {
 func TestRefundWhoseCommitFailsEmitsNothing(t *testing.T) {
 	t.Parallel()
 	apptest.EachConsumerMode(t, "", func(t *testing.T, mode func(*app.Config)) {
-		svc := start(t, mode, func(cfg *app.Config) { cfg.ConsumerMaxDeliver = 100 })
+		svc := apptest.StartWithStreams(t, payment.Name, func(ctx context.Context, cfg app.Config, l *slog.Logger) error {
+			return payment.Run(ctx, payment.Config{Config: cfg}, l)
+		}, streams.Config{MaxDeliver: 100}, mode)
 		credit(t, svc, "heidi", 1000)
 		placed := orderPlaced(t, "heidi", 400)
 		svc.Publish(t, placed)
