@@ -252,15 +252,18 @@ func poisonMessages() []poisonMsg {
 		h.Set(event.HeaderSpecVersion, "1.0")
 		h.Set(event.HeaderID, mustUUIDv7().String())
 		h.Set(event.HeaderType, string(typ))
-		// Its type's owner ("onceflow.<owner>.…"), so that the inbox's owner
-		// check lets it through to the fault it carries.
-		h.Set(event.HeaderSource, strings.Split(string(typ), ".")[1])
+		// Not its type's owner: the auditor counts an owner's events as
+		// published, and these are no saga's. The inbox's owner check
+		// dead-letters those that decode (their faults further in are
+		// the inbox's and the handlers' own tests').
+		h.Set(event.HeaderSource, "e2e-poison")
 		h.Set(event.HeaderSubject, subject)
 		h.Set(event.HeaderTime, at.UTC().Format(time.RFC3339Nano))
 		h.Set(event.HeaderContentType, "application/json")
 		return h
 	}
 	orphan := mustUUIDv7().String()
+	const notOwner = `ce-source "e2e-poison" is not`
 	noSpec := ce(event.PaymentRejected, time.Now(), orphan)
 	noSpec.Del(event.HeaderSpecVersion)
 	return []poisonMsg{
@@ -270,21 +273,21 @@ func poisonMessages() []poisonMsg {
 		{name: "unknown subject", subject: "orders.exploded.v1", header: ce("onceflow.order.exploded.v1", time.Now(), orphan),
 			data: []byte(`{}`), reason: "unknown type"},
 		{name: "bad payload", subject: "orders.placed.v1", header: ce(event.OrderPlaced, time.Now(), orphan),
-			data: []byte(`{"order_id":"not-a-uuid","customer_id":"x"}`), reason: "decode payload"},
+			data: []byte(`{"order_id":"not-a-uuid","customer_id":"x"}`), reason: notOwner},
 		{name: "negative quantity", subject: "orders.placed.v1", header: ce(event.OrderPlaced, time.Now(), orphan),
 			data:   fmt.Appendf(nil, `{"order_id":%q,"customer_id":"ghost","lines":[{"sku":"sku-00","quantity":-1,"unit_price_cents":1}],"total_cents":1}`, orphan),
-			reason: "not positive"},
+			reason: notOwner},
 		// Valid but older than the inbox retention: its inbox row may be gone,
 		// so it must not be processed blindly.
 		{name: "ancient", subject: "orders.placed.v1", header: ce(event.OrderPlaced, time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC), orphan),
 			data:   fmt.Appendf(nil, `{"order_id":%q,"customer_id":"ghost","lines":[{"sku":"sku-00","quantity":1,"unit_price_cents":1}],"total_cents":1}`, orphan),
-			reason: "retention"},
+			reason: notOwner},
 		{name: "trailing data", subject: "payments.debited.v1", header: ce(event.PaymentDebited, time.Now(), orphan),
-			data: []byte(`{}{}`), reason: "after top-level value"},
+			data: []byte(`{}{}`), reason: notOwner},
 		{name: "orphan", subject: "inventory.rejected.v1", header: ce(event.StockRejected, time.Now(), orphan),
-			data: fmt.Appendf(nil, `{"order_id":%q,"customer_id":"ghost","amount_cents":100,"reason":"forged"}`, orphan), reason: orphan},
+			data: fmt.Appendf(nil, `{"order_id":%q,"customer_id":"ghost","amount_cents":100,"reason":"forged"}`, orphan), reason: notOwner},
 		{name: "huge", subject: "inventory.reserved.v1", header: ce(event.StockReserved, time.Now(), orphan),
-			data: bytes.Repeat([]byte("["), 200_000), reason: "decode payload"},
+			data: bytes.Repeat([]byte("["), 200_000), reason: notOwner},
 		{name: "no specversion", subject: "payments.rejected.v1", header: noSpec, data: []byte(`{}`), reason: "specversion"},
 	}
 }

@@ -22,6 +22,7 @@ var templates = sync.OnceValues(func() (*template.Template, error) {
 	return template.New("").Funcs(template.FuncMap{
 		"eventList":    eventList,
 		"quoteList":    quoteList,
+		"owner":        owner,
 		"lowerFirst":   lowerFirst,
 		"sample":       sample,
 		"durableConst": func(name string, e Event) string { return titleCase(name) + titleCase(e.Stream.Name) },
@@ -149,4 +150,14 @@ func sample(e Event) string {
 		}
 	}
 	return strings.TrimSuffix(b.String(), ", ") + "}"
+}
+
+// owner is the service that owns an event type, "onceflow.<owner>.…": the
+// ce-source the inbox's owner check wants.
+func owner(typ string) string {
+	parts := strings.Split(typ, ".")
+	if len(parts) < 2 {
+		return ""
+	}
+	return parts[1]
 }
