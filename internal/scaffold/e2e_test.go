@@ -199,7 +199,7 @@ func TestNewServiceEndToEnd(t *testing.T) {
 	// gets: its outbox, and its durable's every event claimed.
 	done = step("onceflow audit: five services")
 	audit := exec.Command(bin, "audit", "--wait", "1m")
-	audit.Env = append(os.Environ(), "NATS_URL="+sys.natsURL)
+	audit.Env = append(os.Environ(), "NATS_URL="+sys.natsURL, "NATS_CREDS="+filepath.Join(sys.natsCreds, streams.Operator+".creds"))
 	for service, url := range sys.databases {
 		audit.Env = append(audit.Env, strings.ToUpper(service)+"_DATABASE_URL="+url)
 	}
