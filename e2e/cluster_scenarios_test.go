@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/streams"
 )
 
@@ -152,7 +153,7 @@ func TestClusterRollingRestart(t *testing.T) {
 func TestClusterAtomicBatches(t *testing.T) {
 	t.Parallel()
 	sys, d := clusterScenario(t, false, []string{"OUTBOX_ATOMIC_BATCH_MIN=1"}, clusterLoad())
-	watch := newPublishWatch(t, sys.cluster.urls())
+	watch := newPublishWatch(t, sys.cluster.urls(), sys.natsClient(natsauth.Admin).Options(natsauth.Admin)...)
 	var cutOff []string // the batches under way at the kills
 	err := d.run(t.Context(), func(ctx context.Context) error {
 		for i := range 3 {

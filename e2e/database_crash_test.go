@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/onceflow/onceflow/internal/natsauth"
 )
 
 // TestDatabaseCrash kills the PostgreSQL postmaster with SIGKILL three
@@ -32,7 +34,7 @@ func TestDatabaseCrash(t *testing.T) {
 		natsAddr[kind] = natsLinks[kind].addr()
 	}
 	d := startDriver(t, sys, deployment{natsAddr: natsAddr}, scaled(400))
-	watch := newPublishWatch(t, []string{sys.natsURL})
+	watch := newPublishWatch(t, []string{sys.natsURL}, sys.natsClient(natsauth.Admin).Options(natsauth.Admin)...)
 	slow := toxic{"latency", "downstream", 1, `{"latency":150,"jitter":50}`}
 
 	var openAtCrash int64

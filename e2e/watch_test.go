@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/jetstreamext"
+
+	"github.com/onceflow/onceflow/internal/streams"
 )
 
 // publishWatch watches, as a plain NATS subscriber, every publish on the
@@ -49,13 +52,13 @@ type batchOutcomes struct {
 
 // newPublishWatch subscribes on each of urls and unsubscribes when the test
 // ends.
-func newPublishWatch(t *testing.T, urls []string) *publishWatch {
+func newPublishWatch(t *testing.T, urls []string, opts ...nats.Option) *publishWatch {
 	t.Helper()
 	w := &publishWatch{batches: map[string]*watchedBatch{}, byReply: map[string]*watchedBatch{}}
 	for i, url := range urls {
 		w.published = append(w.published, map[string]int{})
-		nc, err := nats.Connect(url, nats.Name(fmt.Sprintf("e2e-watch-%d", i)), nats.MaxReconnects(-1),
-			nats.ReconnectWait(100*time.Millisecond), nats.DontRandomize())
+		nc, err := nats.Connect(url, append(slices.Clone(opts), nats.Name(fmt.Sprintf("e2e-watch-%d", i)), nats.MaxReconnects(-1),
+			nats.ReconnectWait(100*time.Millisecond), nats.DontRandomize())...)
 		if err != nil {
 			t.Fatalf("e2e: watch %s: %v", url, err)
 		}
@@ -69,16 +72,19 @@ func newPublishWatch(t *testing.T, urls []string) *publishWatch {
 				t.Fatalf("e2e: watch %s: %v", subject, err)
 			}
 		}
-		// Publish acks are replies to the publisher's inbox.
-		sub, err := nc.Subscribe(nats.InboxPrefix+">", w.reply)
-		if err == nil {
-			err = sub.SetPendingLimits(-1, -1)
+		// Publish acks are replies to each publisher's own inbox prefix.
+		for _, prefix := range []string{nats.InboxPrefix, streams.InboxPrefix("order") + ".", streams.InboxPrefix("payment") + ".",
+			streams.InboxPrefix("inventory") + ".", streams.InboxPrefix("notify") + "."} {
+			sub, err := nc.Subscribe(prefix+">", w.reply)
+			if err == nil {
+				err = sub.SetPendingLimits(-1, -1)
+			}
+			if err != nil {
+				t.Fatalf("e2e: watch replies: %v", err)
+			}
 		}
-		if err == nil {
-			err = nc.Flush()
-		}
-		if err != nil {
-			t.Fatalf("e2e: watch replies: %v", err)
+		if err := nc.Flush(); err != nil {
+			t.Fatalf("e2e: watch: %v", err)
 		}
 	}
 	return w
