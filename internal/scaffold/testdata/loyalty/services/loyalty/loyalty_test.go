@@ -40,7 +40,8 @@ func customerEvents(t *testing.T, svc *apptest.Service, customer string) int64 {
 func orderConfirmed(t *testing.T, customer string) event.Envelope {
 	t.Helper()
 	orderID := uuid.Must(uuid.NewV7())
-	ev, err := event.New("test", event.OrderConfirmed, orderID.String(), event.OrderConfirmedV1{Order: event.Order{OrderID: orderID, CustomerID: customer}, TotalCents: 300})
+	// From its type's owner, as the inbox's owner check wants.
+	ev, err := event.New("order", event.OrderConfirmed, orderID.String(), event.OrderConfirmedV1{Order: event.Order{OrderID: orderID, CustomerID: customer}, TotalCents: 300})
 	require.NoError(t, err)
 	return ev
 }
