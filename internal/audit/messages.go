@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
@@ -17,17 +16,13 @@ import (
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox"
 	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/internal/streamscan"
 )
 
 const (
 	// maxScanned bounds the messages read from one stream. A larger stream
 	// is not checked message by message (the ack floor check still holds).
 	maxScanned = 1_000_000
-	// scanBatch is how many message headers one fetch asks for.
-	scanBatch = 1000
-	// scanInactive is when the server deletes a scan's consumer if the
-	// auditor died before deleting it.
-	scanInactive = time.Minute
 	// lookupChunk is how many event ids one inbox lookup sends.
 	lookupChunk = 10_000
 )
@@ -53,81 +48,23 @@ type deadLetter struct {
 	seq             uint64
 }
 
-// scan calls f with every message of stream st, in order, up to the stream's
-// last sequence when the scan began. It reads headers only, through an
-// ephemeral consumer that it deletes afterwards. It returns false, without
-// scanning, when the stream holds more than limit messages.
+// scan calls f with every message of stream st, in order, up to the
+// stream's last sequence when the scan began, reading headers only. It
+// returns false, without scanning, when the stream holds more than limit
+// messages.
 func scan(ctx context.Context, st jetstream.Stream, limit uint64, f func(seq uint64, subject string, h nats.Header)) (bool, error) {
 	info, err := st.Info(ctx)
 	if err != nil {
 		return false, err
 	}
-	switch {
-	case info.State.Msgs == 0:
-		return true, nil
-	case info.State.Msgs > limit:
+	if info.State.Msgs > limit {
 		return false, nil
 	}
-	last := info.State.LastSeq
-	var cons jetstream.Consumer
-	defer func() {
-		if cons == nil {
-			return
-		}
-		// The server deletes it after scanInactive anyway.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = st.DeleteConsumer(ctx, cons.CachedInfo().Name)
-	}()
-	scanned := false // f has been called
-	for noResponders := 0; ; {
-		if cons == nil {
-			if cons, err = st.CreateConsumer(ctx, jetstream.ConsumerConfig{
-				DeliverPolicy:     jetstream.DeliverAllPolicy,
-				AckPolicy:         jetstream.AckNonePolicy,
-				HeadersOnly:       true,
-				MemoryStorage:     true,
-				InactiveThreshold: scanInactive,
-			}); err != nil {
-				return false, fmt.Errorf("scan consumer: %w", err)
-			}
-		}
-		// The messages are stored: a fetch need not wait for more.
-		batch, err := cons.FetchNoWait(scanBatch)
-		// On a cluster a consumer just created can take a moment to run on
-		// its leader, where the fetch goes (no responders until then), or
-		// not run where it was placed: then, if nothing was read from it
-		// yet, a new one.
-		if errors.Is(err, nats.ErrNoResponders) && noResponders < 40 {
-			noResponders++
-			if noResponders%10 == 0 && !scanned {
-				_ = st.DeleteConsumer(ctx, cons.CachedInfo().Name)
-				cons = nil
-			}
-			time.Sleep(100 * time.Millisecond)
-			continue
-		}
-		if err != nil {
-			return false, fmt.Errorf("scan: %w", err)
-		}
-		n, done := 0, false
-		for msg := range batch.Messages() {
-			n++
-			meta, err := msg.Metadata()
-			if err != nil {
-				return false, fmt.Errorf("scan: %w", err)
-			}
-			f(meta.Sequence.Stream, msg.Subject(), msg.Headers())
-			scanned = true
-			done = done || meta.Sequence.Stream >= last
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return false, fmt.Errorf("scan: %w", err)
-		}
-		if done || n == 0 {
-			return true, nil
-		}
-	}
+	err = streamscan.Scan(ctx, st, jetstream.OrderedConsumerConfig{HeadersOnly: true}, func(m streamscan.Message) bool {
+		f(m.Seq, m.Subject, m.Header)
+		return true
+	})
+	return err == nil, err
 }
 
 // readMessages reads the headers of every message of the topology's streams.

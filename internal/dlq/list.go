@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/internal/streamscan"
 )
 
 const (
@@ -69,17 +70,17 @@ func (s *Store) List(ctx context.Context, f Filter) (Page, error) {
 	if err != nil {
 		return Page{}, err
 	}
-	cfg := jetstream.ConsumerConfig{HeadersOnly: true, OptStartSeq: f.After + 1}
+	cfg := jetstream.OrderedConsumerConfig{HeadersOnly: true, OptStartSeq: f.After + 1}
 	if f.Consumer != "" {
-		cfg.FilterSubject = streams.DLQSubjectPrefix + f.Consumer
+		cfg.FilterSubjects = []string{streams.DLQSubjectPrefix + f.Consumer}
 	}
 	if !f.Since.IsZero() && f.After == 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, 0, &f.Since
 	}
 	var page Page
-	err = scan(ctx, st, cfg, func(m scanned) bool {
-		e := entryOf(m.seq, m.at, m.subject, m.header)
-		e.Actions = actions[m.seq]
+	err = streamscan.Scan(ctx, st, cfg, func(m streamscan.Message) bool {
+		e := entryOf(m.Seq, m.At, m.Subject, m.Header)
+		e.Actions = actions[m.Seq]
 		if !f.Since.IsZero() && e.DeadLettered.Before(f.Since) || !f.match(e) {
 			return true
 		}
@@ -109,10 +110,14 @@ func (s *Store) actions(ctx context.Context, subject string) (map[uint64][]Actio
 	}
 	var n int
 	var bad error
-	err = scan(ctx, st, jetstream.ConsumerConfig{FilterSubject: subject}, func(m scanned) bool {
+	var cfg jetstream.OrderedConsumerConfig
+	if subject != "" {
+		cfg.FilterSubjects = []string{subject}
+	}
+	err = streamscan.Scan(ctx, st, cfg, func(m streamscan.Message) bool {
 		var a Action
-		if err := json.Unmarshal(m.data, &a); err != nil {
-			bad = fmt.Errorf("dlq action %d: %w", m.seq, err)
+		if err := json.Unmarshal(m.Data, &a); err != nil {
+			bad = fmt.Errorf("dlq action %d: %w", m.Seq, err)
 			return false
 		}
 		out[a.Entry] = append(out[a.Entry], a)
