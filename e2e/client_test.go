@@ -20,12 +20,16 @@ import (
 type client struct {
 	hc     *http.Client
 	budget time.Duration
+	// token authenticates every request: an operator's, who may do
+	// everything the load does.
+	token string
 	// retries counts the attempts beyond the first.
 	retries atomic.Int64
 }
 
-func newClient() *client {
+func newClient(token string) *client {
 	return &client{
+		token: token,
 		hc: &http.Client{
 			Timeout:   10 * time.Second,
 			Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second},
@@ -94,6 +98,9 @@ func (c *client) once(ctx context.Context, method, url, key string, body []byte,
 	}
 	if key != "" {
 		req.Header.Set(httpapi.HeaderIdempotencyKey, key)
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	for _, h := range extra {
 		for k, v := range h {

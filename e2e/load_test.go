@@ -13,6 +13,8 @@ import (
 
 	"github.com/google/uuid"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/onceflow/onceflow/internal/auth"
 )
 
 // workload is what the load asks for: wallets credited, SKUs stocked, and
@@ -145,7 +147,7 @@ func newDriver(sys *system, w workload) *driver {
 	d := &driver{
 		sys:      sys,
 		w:        w,
-		c:        newClient(),
+		c:        newClient(sys.token(auth.TokenRequest{Subject: "e2e-operator", Admin: true})),
 		seed:     rand.Uint64(),
 		prefix:   uuid.NewString()[:8],
 		placed:   map[string]uuid.UUID{},

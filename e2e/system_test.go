@@ -20,6 +20,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/onceflow/onceflow/internal/apptest"
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
@@ -60,6 +62,11 @@ type system struct {
 
 	services []*service
 	byKind   map[string][]*service
+
+	// issuer is the scenario's token issuer, served at issuerURL, whose
+	// JWKS the services fetch like any identity provider's.
+	issuer    *auth.Issuer
+	issuerURL string
 
 	stopScrape func()
 }
@@ -128,6 +135,8 @@ func newSystemWith(t *testing.T, startBroker func(sys *system)) *system {
 		sys.pools[kind] = pool
 		t.Cleanup(pool.Close)
 	}
+
+	sys.issuer, sys.issuerURL = apptest.StartIssuer(t)
 
 	authority, err := natsauth.New()
 	if err != nil {
@@ -231,6 +240,8 @@ func (sys *system) start(d deployment) {
 				fmt.Sprintf("HTTP_ADDR=127.0.0.1:%d", port),
 				"LOG_LEVEL=info",
 				"SHUTDOWN_TIMEOUT=20s",
+				"AUTH_JWKS_URL=" + sys.issuerURL + auth.JWKSPath,
+				"AUTH_ISSUER=" + sys.issuerURL,
 			}
 			s := &service{
 				kind:    kind,
@@ -296,6 +307,15 @@ func (sys *system) instances(kind string) []*service { return sys.byKind[kind] }
 
 // url is the base URL of the first instance of kind.
 func (sys *system) url(kind string) string { return sys.byKind[kind][0].url() }
+
+// token is a token of the scenario's issuer for r.
+func (sys *system) token(r auth.TokenRequest) string {
+	tok, err := sys.issuer.Token(r)
+	if err != nil {
+		sys.t.Fatalf("e2e: %v", err)
+	}
+	return tok
+}
 
 // dbName is the name of kind's database.
 func (sys *system) dbName(kind string) string { return sys.dbNames[kind] }

@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/internal/idempotency"
@@ -54,8 +55,13 @@ type Spec struct {
 	// Subscriptions are durables of the topology (streams.Saga) whose
 	// Service is the service's name; `onceflow provision` creates them.
 	Subscriptions []Subscription
-	// Routes registers the service's HTTP routes.
+	// Routes registers the service's HTTP routes. Every route needs a
+	// verified bearer token (auth.Caller has its identity) except the
+	// platform's probes, metrics and /openapi.yaml, and Public.
 	Routes func(e *echo.Echo)
+	// Public are the service's routes anyone may call, as "METHOD path"
+	// in echo's syntax, e.g. "GET /products/:sku".
+	Public []string
 	// Background loops run beside the consumers and end with ctx.
 	Background []func(ctx context.Context) error
 }
@@ -255,7 +261,11 @@ func newService(ctx context.Context, name string, cfg Config, c *conns, tp trace
 	if err != nil {
 		return nil, fmt.Errorf("register metrics: %w", err)
 	}
-	s.srv = newHTTPServer(cfg, logger, c.pool, c.nc, s.prov, registry, observe, spec.Routes)
+	verifier, err := auth.NewVerifier(ctx, cfg.Auth, logger)
+	if err != nil {
+		return nil, err
+	}
+	s.srv = newHTTPServer(cfg, logger, c.pool, c.nc, s.prov, registry, []echo.MiddlewareFunc{observe, verifier.Middleware(public(spec.Public))}, spec.Routes)
 	if s.ln = cfg.HTTPListener; s.ln == nil {
 		if s.ln, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 			return nil, fmt.Errorf("listen on %s: %w", cfg.HTTPAddr, err)
@@ -364,8 +374,18 @@ func (s *service) shutdown(ctx context.Context, stopRelay func() error) error {
 	return err
 }
 
-func newHTTPServer(cfg Config, logger *slog.Logger, pool *pgxpool.Pool, nc *nats.Conn, prov *provisioned, registry *prometheus.Registry, observe echo.MiddlewareFunc, routes func(*echo.Echo)) *http.Server {
-	e := httpapi.New(logger, observe)
+// public tells the routes anyone may call: the platform's and the service's
+// own.
+func public(routes []string) func(echo.Context) bool {
+	open := map[string]bool{"GET /healthz": true, "GET /readyz": true, "GET /metrics": true, "GET /openapi.yaml": true}
+	for _, r := range routes {
+		open[r] = true
+	}
+	return func(c echo.Context) bool { return open[c.Request().Method+" "+c.Path()] }
+}
+
+func newHTTPServer(cfg Config, logger *slog.Logger, pool *pgxpool.Pool, nc *nats.Conn, prov *provisioned, registry *prometheus.Registry, mw []echo.MiddlewareFunc, routes func(*echo.Echo)) *http.Server {
+	e := httpapi.New(logger, mw...)
 	e.GET("/healthz", func(c echo.Context) error { return c.JSON(http.StatusOK, map[string]string{"status": "ok"}) })
 	e.GET("/readyz", func(c echo.Context) error {
 		ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)

@@ -6,6 +6,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/natsauth"
 )
 
@@ -58,6 +59,9 @@ type Config struct {
 	// probability (0..1) that the process SIGKILLs itself right after an inbox
 	// transaction commits and before the message is acked.
 	FaultKillAfterCommit float64 `env:"ONCEFLOW_FAULT_KILL_AFTER_COMMIT"`
+
+	// Auth is where the bearer tokens of the HTTP API come from (AUTH_*).
+	Auth auth.Config
 
 	// Tracing is off unless the standard OTEL_* variables name an exporter.
 	Tracing TracingConfig

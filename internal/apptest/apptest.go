@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/app"
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/streams"
@@ -37,6 +39,10 @@ type Service struct {
 	DB      *testenv.Database
 	NATS    *testenv.NATS
 	JS      jetstream.JetStream
+	// Issuer signs the tokens the service accepts: the test's own dev
+	// issuer, which the service reaches over HTTP like any provider.
+	Issuer    *auth.Issuer
+	IssuerURL string
 }
 
 // Start provisions the saga's topology and runs the service name, with its
@@ -55,6 +61,7 @@ func StartWithStreams(t *testing.T, name string, run RunFunc, sc streams.Config,
 	t.Helper()
 	db := testenv.NewServiceDatabase(t, name)
 	nt := testenv.NewNATS(t)
+	issuer, issuerURL := StartIssuer(t)
 
 	// As `onceflow provision` would, before the service waits for its
 	// durables.
@@ -66,6 +73,8 @@ func StartWithStreams(t *testing.T, name string, run RunFunc, sc streams.Config,
 		"NATS_CREDS":           nt.Client(name).Creds,
 		"OUTBOX_POLL_INTERVAL": "100ms",
 		"SHUTDOWN_TIMEOUT":     "10s",
+		"AUTH_JWKS_URL":        issuerURL + auth.JWKSPath,
+		"AUTH_ISSUER":          issuerURL,
 	}})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -89,7 +98,7 @@ func StartWithStreams(t *testing.T, name string, run RunFunc, sc streams.Config,
 		}
 	})
 
-	s := &Service{BaseURL: "http://" + ln.Addr().String(), DB: db, NATS: nt, JS: nt.JetStream(t)}
+	s := &Service{BaseURL: "http://" + ln.Addr().String(), DB: db, NATS: nt, JS: nt.JetStream(t), Issuer: issuer, IssuerURL: issuerURL}
 	require.Eventually(t, func() bool {
 		select {
 		case err := <-done:
@@ -105,6 +114,46 @@ func StartWithStreams(t *testing.T, name string, run RunFunc, sc streams.Config,
 		return resp.StatusCode == http.StatusOK
 	}, 20*time.Second, 20*time.Millisecond, "service %s not ready", name)
 	return s
+}
+
+// StartIssuer serves a dev token issuer until the test ends and returns it
+// with its URL, which is also its tokens' issuer (AUTH_ISSUER).
+func StartIssuer(t testing.TB) (*auth.Issuer, string) {
+	t.Helper()
+	var handler http.Handler
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handler.ServeHTTP(w, r) }))
+	t.Cleanup(srv.Close)
+	issuer, err := auth.NewIssuer(t.Context(), auth.IssuerConfig{Issuer: srv.URL})
+	require.NoError(t, err)
+	handler = issuer.Handler()
+	return issuer, srv.URL
+}
+
+// As returns the headers of a request by customer: extra's, and a bearer
+// token of the test's issuer.
+func (s *Service) As(t testing.TB, customer string, extra ...http.Header) http.Header {
+	t.Helper()
+	return s.bearer(t, auth.TokenRequest{Subject: customer}, extra)
+}
+
+// AsAdmin returns the headers of a request by an operator: extra's, and a
+// bearer token with the admin role.
+func (s *Service) AsAdmin(t testing.TB, extra ...http.Header) http.Header {
+	t.Helper()
+	return s.bearer(t, auth.TokenRequest{Subject: "operator", Admin: true}, extra)
+}
+
+func (s *Service) bearer(t testing.TB, r auth.TokenRequest, extra []http.Header) http.Header {
+	t.Helper()
+	tok, err := s.Issuer.Token(r)
+	require.NoError(t, err)
+	h := http.Header{"Authorization": {"Bearer " + tok}}
+	for _, e := range extra {
+		for k, v := range e {
+			h[k] = v
+		}
+	}
+	return h
 }
 
 // Publish publishes ev as its producer's relay would (Nats-Msg-Id = event id).

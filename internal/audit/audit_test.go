@@ -552,6 +552,9 @@ func placeOrder(t *testing.T, e *dev.Env, customer, items string) string {
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", fmt.Sprintf("audit-%s-%d", customer, time.Now().UnixNano()))
+	tok, err := e.Token(customer, false)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+tok)
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	resp, err := client.Do(req)
 	require.NoError(t, err)
@@ -563,7 +566,10 @@ func placeOrder(t *testing.T, e *dev.Env, customer, items string) string {
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&o))
 	require.NotEmpty(t, o.ID)
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		resp, err := client.Get(e.URL("order") + "/orders/" + o.ID)
+		get, err := http.NewRequest(http.MethodGet, e.URL("order")+"/orders/"+o.ID, nil)
+		require.NoError(c, err)
+		get.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := client.Do(get)
 		require.NoError(c, err)
 		defer resp.Body.Close()
 		var got struct {

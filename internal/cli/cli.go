@@ -102,6 +102,11 @@ func commands() []command {
 			run:     runNATSAuth,
 		},
 		command{
+			name:    "issuer",
+			summary: "run the dev token issuer alone (POST /token, /.well-known/jwks.json), as dev runs it",
+			run:     runIssuer,
+		},
+		command{
 			name:    "migrate",
 			usage:   "[service...]",
 			summary: "migrate the named services' databases (default: all four) without serving",

@@ -18,6 +18,7 @@ import (
 
 	"github.com/caarlos0/env/v11"
 
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/dev"
 	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/services/inventory"
@@ -115,7 +116,7 @@ as 'onceflow <service>' does.`)
 	durable := fs.Bool("durable", false, "fsync every write (PostgreSQL's defaults, JetStream sync always); off, a machine crash loses recent writes")
 	natsSync := fs.String("nats-sync", "", "when JetStream fsyncs: `always` (sync_interval: always) or interval (the server's default, two minutes); default always with --durable, else interval")
 	host := fs.String("host", "127.0.0.1", "address to listen on")
-	httpPort := fs.Int("http-port", defaults.Order, "`port` of the order API; payment, inventory, notify and any added service take the next ones (0: free ports)")
+	httpPort := fs.Int("http-port", defaults.Order, "`port` of the order API; payment, inventory, notify, the token issuer and any added service take the next ones (0: free ports)")
 	natsPort := fs.Int("nats-port", defaults.NATS, "`port` of the NATS server (0: a free port)")
 	pgPort := fs.Int("pg-port", defaults.Postgres, "`port` of the local PostgreSQL cluster (0: a free port)")
 	consolePort := fs.Int("console-port", defaultConsolePort, "`port` of the operator's console (0: a free port, -1: none)")
@@ -158,7 +159,7 @@ as 'onceflow <service>' does.`)
 		return dev.Config{}, devFlags{}, err
 	}
 	if *httpPort != 0 {
-		cfg.Ports.Order, cfg.Ports.Payment, cfg.Ports.Inventory, cfg.Ports.Notify = *httpPort, *httpPort+1, *httpPort+2, *httpPort+3
+		cfg.Ports.Order, cfg.Ports.Payment, cfg.Ports.Inventory, cfg.Ports.Notify, cfg.Ports.Issuer = *httpPort, *httpPort+1, *httpPort+2, *httpPort+3, *httpPort+4
 	}
 	return cfg, devFlags{seed: *seed, pprofAddr: *pprofAddr, consolePort: *consolePort}, nil
 }
@@ -219,6 +220,7 @@ func printEnv(w io.Writer, e *dev.Env, cfg dev.Config) {
 	for _, s := range e.Services {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.Name, s.URL, s.DatabaseURL)
 	}
+	fmt.Fprintf(tw, "  issuer\t%s\t(dev tokens: POST /token, keys: %s)\n", e.IssuerURL, auth.JWKSPath)
 	if len(e.NATSNodes) == 0 {
 		fmt.Fprintf(tw, "  nats\t%s\n", e.NATSURL)
 	}
@@ -236,7 +238,24 @@ func printEnv(w io.Writer, e *dev.Env, cfg dev.Config) {
 	default:
 		fmt.Fprintln(w, "  PostgreSQL and JetStream data are temporary: removed on exit.")
 	}
-	fmt.Fprintln(w, "  Each API serves /healthz, /readyz, /metrics and /openapi.yaml.")
+	fmt.Fprintln(w, "  Each API serves /healthz, /readyz, /metrics and /openapi.yaml; the rest needs a token.")
+	printTokens(w, e)
+}
+
+// printTokens prints ready-to-paste tokens of the dev issuer: two
+// customers and an operator.
+func printTokens(w io.Writer, e *dev.Env) {
+	fmt.Fprintf(w, "\nTokens of the dev issuer, valid %s (more: curl -s -X POST %s/token -d sub=carol [-d role=admin]):\n\n", e.Issuer.TTL(), e.IssuerURL)
+	for _, t := range []struct {
+		name, sub string
+		admin     bool
+	}{{"ALICE", "alice", false}, {"BOB", "bob", false}, {"ADMIN", "admin", true}} {
+		tok, err := e.Token(t.sub, t.admin)
+		if err != nil {
+			tok = fmt.Sprintf("'' # no token: %v", err) // a signing key that cannot sign
+		}
+		fmt.Fprintf(w, "  export %s=%s\n", t.name, tok)
+	}
 }
 
 // printSeeded says what Seed wrote and how to place an order.
@@ -254,16 +273,16 @@ Seeded stock:   %s.
 
 Place an order (the same Idempotency-Key again replays it instead of placing another):
 
-  curl -s -X POST %s/orders \
+  curl -s -X POST %s/orders -H "Authorization: Bearer $ALICE" \
     -H 'Content-Type: application/json' -H 'Idempotency-Key: demo-1' \
     -d '{"customer_id":"alice","customer_email":"alice@example.com","items":[{"sku":"apple","quantity":3,"unit_price_cents":120}]}'
 
 Watch it finish, then look at the effects:
 
-  curl -s %s/orders/ORDER_ID
-  curl -s %s/wallets/alice
-  curl -s %s/stock/apple
-  curl -s '%s/notifications?order_id=ORDER_ID'
+  curl -s -H "Authorization: Bearer $ALICE" %s/orders/ORDER_ID
+  curl -s -H "Authorization: Bearer $ALICE" %s/wallets/alice
+  curl -s -H "Authorization: Bearer $ALICE" %s/stock/apple
+  curl -s -H "Authorization: Bearer $ALICE" '%s/notifications?order_id=ORDER_ID'
 
 `, strings.Join(wallets, ", "), strings.Join(stock, ", "),
 		e.URL(order.Name), e.URL(order.Name), e.URL(payment.Name), e.URL(inventory.Name), e.URL(notify.Name))

@@ -66,6 +66,11 @@ func TestDev(t *testing.T) {
 		"Seeded wallets: alice 100000 cents, bob 5000 cents.",
 		"Seeded stock:   apple 100, pear 50, plum 0.",
 		"-H 'Idempotency-Key: demo-1'",
+		"/token -d sub=carol",
+		"  export ALICE=ey",
+		"  export BOB=ey",
+		"  export ADMIN=ey",
+		`-H "Authorization: Bearer $ALICE"`,
 	} {
 		require.Contains(t, out, want)
 	}

@@ -22,11 +22,14 @@ scarce so that some orders are rejected or cancelled, then places orders for
 Idempotency-Key that its retries reuse, and follows every order to its
 terminal state. Latencies come from the orders' timelines: the OrderPlaced
 event's time to the terminal event's, both by the order service's clock.
+It sends every request with a token from --issuer-url's POST /token: a
+customer's for their orders, an operator's to seed.
 
   onceflow loadgen --rate 300/s --duration 1m --json results.json --histogram latency.svg`)
 	order := fs.String("order-url", "http://127.0.0.1:8080", "base `URL` of the order API")
 	payment := fs.String("payment-url", "http://127.0.0.1:8081", "base `URL` of the payment API")
 	inventory := fs.String("inventory-url", "http://127.0.0.1:8082", "base `URL` of the inventory API")
+	issuer := fs.String("issuer-url", "http://127.0.0.1:8084", "base `URL` of the token issuer (onceflow's dev issuer: POST /token)")
 	var rate rateFlag
 	fs.Var(&rate, "rate", "orders per second, e.g. 300/s (`N/s`; 0: as fast as the clients can)")
 	duration := fs.Duration("duration", 10*time.Second, "how long to place orders")
@@ -50,6 +53,7 @@ event's time to the terminal event's, both by the order service's clock.
 		OrderURL:      strings.TrimSuffix(*order, "/"),
 		PaymentURL:    strings.TrimSuffix(*payment, "/"),
 		InventoryURL:  strings.TrimSuffix(*inventory, "/"),
+		IssuerURL:     strings.TrimSuffix(*issuer, "/"),
 		Rate:          float64(rate),
 		Concurrency:   *concurrency,
 		Duration:      *duration,

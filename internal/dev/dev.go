@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/onceflow/onceflow/internal/app"
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/localpg"
 	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/registry"
@@ -36,17 +37,19 @@ const (
 
 // Ports are the TCP ports Start listens on. Zero means a free port chosen by
 // the system. Services added after the saga's four (see internal/registry)
-// listen on the ports after Notify's.
+// listen on the ports after the issuer's, which is Notify's plus one.
 type Ports struct {
 	Order, Payment, Inventory, Notify int
-	NATS                              int
+	// Issuer is the dev token issuer's.
+	Issuer int
+	NATS   int
 	// Postgres is the local cluster's port; unused with Config.DatabaseURL.
 	Postgres int
 }
 
 // http is the API port of the i-th service: the saga's four have theirs, and
-// the services added later take the ports after Notify's (free ports when
-// Notify is 0).
+// the services added later take the ports after the issuer's, Notify's plus
+// one (free ports when Notify is 0).
 func (p Ports) http(i int) int {
 	saga := []int{p.Order, p.Payment, p.Inventory, p.Notify}
 	switch {
@@ -55,14 +58,15 @@ func (p Ports) http(i int) int {
 	case p.Notify == 0:
 		return 0
 	}
-	return p.Notify + 1 + i - len(saga)
+	return p.Notify + 2 + i - len(saga)
 }
 
 // DefaultPorts are the ports of `onceflow dev`: the APIs on 8080 (order),
-// 8081 (payment), 8082 (inventory) and 8083 (notify), NATS on 4222, and
-// PostgreSQL on a free port, since 5432 is often taken by a local server.
+// 8081 (payment), 8082 (inventory) and 8083 (notify), the token issuer on
+// 8084, NATS on 4222, and PostgreSQL on a free port, since 5432 is often
+// taken by a local server.
 func DefaultPorts() Ports {
-	return Ports{Order: 8080, Payment: 8081, Inventory: 8082, Notify: 8083, NATS: 4222}
+	return Ports{Order: 8080, Payment: 8081, Inventory: 8082, Notify: 8083, Issuer: 8084, NATS: 4222}
 }
 
 // Config configures Start. The zero value runs everything on 127.0.0.1 on
@@ -158,9 +162,14 @@ type Env struct {
 	// this run, by identity: each service's, streams.Provisioner's and
 	// streams.Operator's (for onceflow audit).
 	NATSCreds map[string]string
+	// Issuer signs the tokens the services accept; IssuerURL serves its
+	// token endpoint and JWKS (see package auth).
+	Issuer    *auth.Issuer
+	IssuerURL string
 
 	logger    *slog.Logger
 	listeners []net.Listener
+	issuerLn  net.Listener
 	nats      *server.Server
 	tempDirs  []string
 	cluster   *localpg.Cluster
@@ -212,6 +221,9 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Env, err er
 		e.listeners = append(e.listeners, ln)
 		e.Services = append(e.Services, Service{Name: svc.name, URL: "http://" + ln.Addr().String()})
 	}
+	if err := e.newIssuer(ctx, cfg); err != nil {
+		return nil, err
+	}
 
 	if err := e.startBroker(ctx, cfg); err != nil {
 		return nil, err
@@ -248,12 +260,16 @@ func (e *Env) runServices(ctx context.Context, services []service, environ map[s
 	runCtx, cancel := context.WithCancel(ctx)
 	e.cancel = cancel
 	g, gctx := errgroup.WithContext(runCtx)
+	g.Go(func() error { return e.Issuer.Serve(gctx, e.issuerLn, logger.With("component", "issuer")) })
 	for i, svc := range services {
 		env := overlay(environ, map[string]string{
-			"DATABASE_URL": e.Services[i].DatabaseURL,
-			"NATS_URL":     e.NATSURL,
-			"NATS_CREDS":   e.NATSCreds[svc.name],
-			"HTTP_ADDR":    e.listeners[i].Addr().String(),
+			"DATABASE_URL":  e.Services[i].DatabaseURL,
+			"NATS_URL":      e.NATSURL,
+			"NATS_CREDS":    e.NATSCreds[svc.name],
+			"HTTP_ADDR":     e.listeners[i].Addr().String(),
+			"AUTH_JWKS_URL": e.IssuerURL + auth.JWKSPath,
+			"AUTH_ISSUER":   e.IssuerURL,
+			"AUTH_AUDIENCE": auth.DefaultAudience,
 		})
 		ln := e.listeners[i]
 		g.Go(func() error {
@@ -311,8 +327,10 @@ func (e *Env) stop(ctx context.Context) error {
 		close(e.done) // the services never started
 	}
 	// A service that failed before serving has not closed its listener.
-	for _, ln := range e.listeners {
-		_ = ln.Close()
+	for _, ln := range append(e.listeners, e.issuerLn) {
+		if ln != nil {
+			_ = ln.Close()
+		}
 	}
 	if e.nats != nil {
 		e.nats.Shutdown()
@@ -342,6 +360,25 @@ func (e *Env) startBroker(ctx context.Context, cfg Config) error {
 		return e.startCluster(ctx, cfg, conf)
 	}
 	return e.startNATS(cfg, conf)
+}
+
+// newIssuer listens on the issuer's port and makes the dev issuer, whose
+// tokens name its URL as their issuer; Start serves it beside the services.
+func (e *Env) newIssuer(ctx context.Context, cfg Config) error {
+	addr := net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Ports.Issuer))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("token issuer on %s: %w", addr, err)
+	}
+	e.issuerLn = ln
+	e.IssuerURL = "http://" + ln.Addr().String()
+	e.Issuer, err = auth.NewIssuer(ctx, auth.IssuerConfig{Issuer: e.IssuerURL, Audience: auth.DefaultAudience})
+	return err
+}
+
+// Token is a token of the dev issuer for customer, an operator's with admin.
+func (e *Env) Token(customer string, admin bool) (string, error) {
+	return e.Issuer.Token(auth.TokenRequest{Subject: customer, Admin: admin})
 }
 
 // startNATS starts the embedded NATS server with JetStream.

@@ -171,16 +171,16 @@ func TestSaga(t *testing.T) {
 	// The refund of the cancelled order comes after the cancellation.
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		var w dev.Wallet
-		getJSON(c, e.URL("payment")+"/wallets/alice", &w)
+		getJSON(c, e, e.URL("payment")+"/wallets/alice", &w)
 		require.Equal(c, int64(100_000-360), w.BalanceCents)
 	}, 30*time.Second, 50*time.Millisecond)
 
 	var w dev.Wallet
-	getJSON(t, e.URL("payment")+"/wallets/bob", &w)
+	getJSON(t, e, e.URL("payment")+"/wallets/bob", &w)
 	require.Equal(t, int64(5_000), w.BalanceCents)
 	for sku, want := range map[string]int64{"apple": 97, "pear": 50, "plum": 0} {
 		var s dev.StockItem
-		getJSON(t, e.URL("inventory")+"/stock/"+sku, &s)
+		getJSON(t, e, e.URL("inventory")+"/stock/"+sku, &s)
 		require.Equal(t, want, s.Available, sku)
 	}
 }
@@ -197,11 +197,11 @@ func TestReuseDatabases(t *testing.T) {
 		_, err = dev.Seed(t.Context(), e)
 		require.NoError(t, err)
 		var w dev.Wallet
-		getJSON(t, e.URL("payment")+"/wallets/alice", &w)
+		getJSON(t, e, e.URL("payment")+"/wallets/alice", &w)
 		require.Equal(t, int64(100_000), w.BalanceCents)
 		for sku, want := range map[string]int64{"apple": 100, "plum": 0} {
 			var s dev.StockItem
-			getJSON(t, e.URL("inventory")+"/stock/"+sku, &s)
+			getJSON(t, e, e.URL("inventory")+"/stock/"+sku, &s)
 			require.Equal(t, want, s.Available, sku)
 		}
 		require.NoError(t, e.Stop(context.Background()))
@@ -221,6 +221,9 @@ func placeOrder(t *testing.T, e *dev.Env, customer, sku string, quantity, unitPr
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", t.Name()+"-"+customer+"-"+sku)
+	tok, err := e.Token(customer, false)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+tok)
 	resp, err := client(t).Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -235,13 +238,19 @@ func requireStatus(t *testing.T, e *dev.Env, id, want string) {
 	t.Helper()
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		var o order
-		getJSON(c, e.URL("order")+"/orders/"+id, &o)
+		getJSON(c, e, e.URL("order")+"/orders/"+id, &o)
 		require.Equal(c, want, o.Status)
 	}, 30*time.Second, 50*time.Millisecond, "order %s", id)
 }
 
-func getJSON(t require.TestingT, url string, out any) {
-	resp, err := (&http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}).Get(url)
+// getJSON GETs url as an operator of e and decodes the answer into out.
+func getJSON(t require.TestingT, e *dev.Env, url string, out any) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	tok, err := e.Token("dev-test", true)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+tok)
+	resp, err := (&http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, url)

@@ -56,19 +56,23 @@ func demoData() Seeded {
 // 0 is received and then written off, as stock that spoiled.
 func Seed(ctx context.Context, e *Env) (Seeded, error) {
 	client := newClient()
+	token, err := e.Token("dev-seed", true)
+	if err != nil {
+		return Seeded{}, fmt.Errorf("seed: %w", err)
+	}
 	demo := demoData()
 	var seeded Seeded
 	for _, w := range demo.Wallets {
 		var got Wallet
 		u := e.URL(payment.Name) + "/wallets/" + url.PathEscape(w.CustomerID) + "/credits"
 		body := map[string]int64{"amount_cents": w.BalanceCents}
-		if err := call(ctx, client, http.MethodPost, u, "dev-seed-credit-"+w.CustomerID, body, &got); err != nil {
+		if err := call(ctx, client, token, http.MethodPost, u, "dev-seed-credit-"+w.CustomerID, body, &got); err != nil {
 			return seeded, fmt.Errorf("seed: credit wallet %s: %w", w.CustomerID, err)
 		}
 		seeded.Wallets = append(seeded.Wallets, got)
 	}
 	for _, s := range demo.Stock {
-		got, err := seedStock(ctx, client, e.URL(inventory.Name)+"/stock/"+url.PathEscape(s.SKU), s)
+		got, err := seedStock(ctx, client, token, e.URL(inventory.Name)+"/stock/"+url.PathEscape(s.SKU), s)
 		if err != nil {
 			return seeded, fmt.Errorf("seed: stock %s: %w", s.SKU, err)
 		}
@@ -81,26 +85,27 @@ func Seed(ctx context.Context, e *Env) (Seeded, error) {
 const spoiled = 10
 
 // seedStock brings a new SKU to s.Available through the stock ledger at u.
-func seedStock(ctx context.Context, client *http.Client, u string, s StockItem) (StockItem, error) {
+func seedStock(ctx context.Context, client *http.Client, token, u string, s StockItem) (StockItem, error) {
 	var got StockItem
 	received := s.Available
 	if received == 0 {
 		received = spoiled
 	}
 	body := map[string]int64{"quantity": received}
-	if err := call(ctx, client, http.MethodPost, u+"/receipts", "dev-seed-receipt-"+s.SKU, body, &got); err != nil {
+	if err := call(ctx, client, token, http.MethodPost, u+"/receipts", "dev-seed-receipt-"+s.SKU, body, &got); err != nil {
 		return got, err
 	}
 	if received == s.Available {
 		return got, nil
 	}
 	adjustment := map[string]any{"delta": s.Available - received, "reason": "spoiled"}
-	err := call(ctx, client, http.MethodPost, u+"/adjustments", "dev-seed-adjustment-"+s.SKU, adjustment, &got)
+	err := call(ctx, client, token, http.MethodPost, u+"/adjustments", "dev-seed-adjustment-"+s.SKU, adjustment, &got)
 	return got, err
 }
 
-// call sends body as JSON and decodes a 2xx answer into out.
-func call(ctx context.Context, client *http.Client, method, url, idempotencyKey string, body, out any) error {
+// call sends body as JSON with a bearer token and decodes a 2xx answer
+// into out.
+func call(ctx context.Context, client *http.Client, token, method, url, idempotencyKey string, body, out any) error {
 	b, err := json.Marshal(body)
 	if err != nil {
 		return err
@@ -110,6 +115,7 @@ func call(ctx context.Context, client *http.Client, method, url, idempotencyKey 
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+token)
 	if idempotencyKey != "" {
 		req.Header.Set(httpapi.HeaderIdempotencyKey, idempotencyKey)
 	}

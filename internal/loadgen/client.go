@@ -8,14 +8,67 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 )
 
-// client sends the run's requests.
+// client sends the run's requests, each with a token of the issuer for
+// the caller it is sent as.
 type client struct {
 	http *http.Client
 	cfg  Config
+
+	mu     sync.Mutex
+	tokens map[caller]string
+}
+
+// caller is whom a request is sent as: a customer, or the operator who
+// seeds.
+type caller struct {
+	subject string
+	admin   bool
+}
+
+// operator is the caller that credits wallets and stocks SKUs.
+var operator = caller{subject: "loadgen-operator", admin: true}
+
+// customer is the caller that places and reads id's orders.
+func customer(id string) caller { return caller{subject: id} }
+
+// token returns a token for who, from the issuer's POST /token the first
+// time. The run is shorter than the issuer's tokens live.
+func (c *client) token(ctx context.Context, who caller) (string, error) {
+	c.mu.Lock()
+	tok, ok := c.tokens[who]
+	c.mu.Unlock()
+	if ok {
+		return tok, nil
+	}
+	form := url.Values{"sub": {who.subject}}
+	if who.admin {
+		form.Set("role", "admin")
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.cfg.IssuerURL+"/token", strings.NewReader(form.Encode()))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	var answer struct {
+		AccessToken string `json:"access_token"`
+	}
+	if err := c.send(req, &answer); err != nil {
+		return "", fmt.Errorf("token for %s: %w", who.subject, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tokens == nil {
+		c.tokens = map[caller]string{}
+	}
+	c.tokens[who] = answer.AccessToken
+	return answer.AccessToken, nil
 }
 
 // statusError is an HTTP answer that was not the one wanted.
@@ -39,9 +92,9 @@ func retryable(err error) bool {
 	return !errors.Is(err, context.Canceled)
 }
 
-// do sends method url with body as JSON (nil: none) and decodes a 2xx
-// answer into out (nil: discarded).
-func (c *client) do(ctx context.Context, method, url, idempotencyKey string, body, out any) error {
+// do sends method url as who with body as JSON (nil: none) and decodes a
+// 2xx answer into out (nil: discarded).
+func (c *client) do(ctx context.Context, who caller, method, url, idempotencyKey string, body, out any) error {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -60,6 +113,17 @@ func (c *client) do(ctx context.Context, method, url, idempotencyKey string, bod
 	if idempotencyKey != "" {
 		req.Header.Set("Idempotency-Key", idempotencyKey)
 	}
+	tok, err := c.token(ctx, who)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+tok)
+	return c.send(req, out)
+}
+
+// send sends req and decodes a 2xx answer into out (nil: discarded).
+func (c *client) send(req *http.Request, out any) error {
+	method, target := req.Method, req.URL.Redacted()
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return err
@@ -67,7 +131,7 @@ func (c *client) do(ctx context.Context, method, url, idempotencyKey string, bod
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return fmt.Errorf("%s %s: read answer: %w", method, url, err)
+		return fmt.Errorf("%s %s: read answer: %w", method, target, err)
 	}
 	if resp.StatusCode/100 != 2 {
 		se := &statusError{status: resp.StatusCode, body: string(bytes.TrimSpace(b))}
@@ -80,7 +144,7 @@ func (c *client) do(ctx context.Context, method, url, idempotencyKey string, bod
 		return nil
 	}
 	if err := json.Unmarshal(b, out); err != nil {
-		return fmt.Errorf("%s %s: decode answer: %w", method, url, err)
+		return fmt.Errorf("%s %s: decode answer: %w", method, target, err)
 	}
 	return nil
 }

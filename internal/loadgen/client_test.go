@@ -22,11 +22,11 @@ func TestRetryWaitsAsLongAsRetryAfterAsks(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 
-	c := &client{http: srv.Client()}
+	c := &client{http: srv.Client(), tokens: map[caller]string{operator: "a-token"}}
 	retried := 0
 	start := time.Now()
 	err := retry(t.Context(), func() { retried++ }, func() error {
-		return c.do(t.Context(), http.MethodPost, srv.URL, "k", map[string]int{"n": 1}, nil)
+		return c.do(t.Context(), operator, http.MethodPost, srv.URL, "k", map[string]int{"n": 1}, nil)
 	})
 	require.NoError(t, err)
 	require.Equal(t, 1, retried)

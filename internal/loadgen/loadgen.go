@@ -38,6 +38,10 @@ type Config struct {
 	// OrderURL, PaymentURL and InventoryURL are the base URLs of the three
 	// APIs, e.g. http://127.0.0.1:8080.
 	OrderURL, PaymentURL, InventoryURL string
+	// IssuerURL is the token issuer's base URL (onceflow's dev issuer,
+	// e.g. http://127.0.0.1:8084): the run asks its POST /token for a
+	// token per customer, and an operator's to seed.
+	IssuerURL string
 	// Rate is the target of orders placed per second; zero places them as
 	// fast as Concurrency clients can.
 	Rate float64
@@ -73,8 +77,8 @@ type Config struct {
 }
 
 func (cfg *Config) defaults() error {
-	if cfg.OrderURL == "" || cfg.PaymentURL == "" || cfg.InventoryURL == "" {
-		return errors.New("the order, payment and inventory URLs are required")
+	if cfg.OrderURL == "" || cfg.PaymentURL == "" || cfg.InventoryURL == "" || cfg.IssuerURL == "" {
+		return errors.New("the order, payment, inventory and issuer URLs are required")
 	}
 	if cfg.Duration <= 0 {
 		return fmt.Errorf("duration %s must be positive", cfg.Duration)

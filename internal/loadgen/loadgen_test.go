@@ -37,6 +37,7 @@ func TestRunAgainstDev(t *testing.T) {
 			OrderURL:     e.URL("order"),
 			PaymentURL:   e.URL("payment"),
 			InventoryURL: e.URL("inventory"),
+			IssuerURL:    e.IssuerURL,
 			Rate:         40,
 			Duration:     3 * time.Second,
 			// Enough poor customers and scarce SKUs in 120 orders to see
@@ -116,6 +117,7 @@ func TestRunAgainstDev(t *testing.T) {
 			OrderURL:     e.URL("order"),
 			PaymentURL:   e.URL("payment"),
 			InventoryURL: e.URL("inventory"),
+			IssuerURL:    e.IssuerURL,
 			Concurrency:  4,
 			Duration:     time.Second,
 			Client:       &http.Client{Transport: lossy, Timeout: 10 * time.Second},
@@ -133,7 +135,12 @@ func TestRunAgainstDev(t *testing.T) {
 				Orders []json.RawMessage `json:"orders"`
 			}
 			u := e.URL("order") + "/orders?limit=500&customer_id=" + customerID(res.RunID, i)
-			resp, err := http.Get(u)
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, u, nil)
+			require.NoError(t, err)
+			tok, err := e.Token(customerID(res.RunID, i), false)
+			require.NoError(t, err)
+			req.Header.Set("Authorization", "Bearer "+tok)
+			resp, err := http.DefaultClient.Do(req)
 			require.NoError(t, err)
 			require.NoError(t, json.NewDecoder(resp.Body).Decode(&list))
 			resp.Body.Close()
@@ -150,6 +157,7 @@ func TestRunAgainstDev(t *testing.T) {
 			OrderURL:     e.URL("order"),
 			PaymentURL:   e.URL("payment"),
 			InventoryURL: e.URL("inventory"),
+			IssuerURL:    e.IssuerURL,
 			Rate:         20,
 			Duration:     time.Minute,
 		})

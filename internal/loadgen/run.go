@@ -79,7 +79,7 @@ func (r *run) placeOne(ctx context.Context, rng *rand.Rand, n int) {
 	t0 := time.Now()
 	var o orderView
 	err := retry(ctx, func() { r.retries.Add(1) }, func() error {
-		return r.client.do(ctx, "POST", r.cfg.OrderURL+"/orders", key, req, &o)
+		return r.client.do(ctx, customer(req.CustomerID), "POST", r.cfg.OrderURL+"/orders", key, req, &o)
 	})
 	lat := time.Since(t0)
 	if err != nil {
@@ -161,7 +161,7 @@ func (r *run) poll(ctx context.Context, settling bool) {
 			}
 			u := fmt.Sprintf("%s/orders?customer_id=%s&limit=%d", r.cfg.OrderURL, url.QueryEscape(j.customer), j.limit)
 			r.pollRequests.Add(1)
-			if err := r.client.do(ctx, "GET", u, "", nil, &list); err == nil {
+			if err := r.client.do(ctx, customer(j.customer), "GET", u, "", nil, &list); err == nil {
 				r.tracker.update(list.Orders...)
 			} // else the next poll tries again
 			shown := make(map[string]bool, len(list.Orders))
@@ -179,7 +179,7 @@ func (r *run) poll(ctx context.Context, settling bool) {
 				singles++
 				var o orderView
 				r.pollRequests.Add(1)
-				if err := r.client.do(ctx, "GET", r.cfg.OrderURL+"/orders/"+url.PathEscape(id), "", nil, &o); err == nil {
+				if err := r.client.do(ctx, customer(j.customer), "GET", r.cfg.OrderURL+"/orders/"+url.PathEscape(id), "", nil, &o); err == nil {
 					r.tracker.update(o)
 				}
 			}

@@ -40,7 +40,7 @@ func seed(ctx context.Context, c *client, cfg Config) (*world, error) {
 		u := cfg.PaymentURL + "/wallets/" + url.PathEscape(id) + "/credits"
 		key := "lg-" + cfg.RunID + "-credit-" + id
 		err := retry(ctx, func() {}, func() error {
-			return c.do(ctx, "POST", u, key, map[string]int64{"amount_cents": cents}, nil)
+			return c.do(ctx, operator, "POST", u, key, map[string]int64{"amount_cents": cents}, nil)
 		})
 		if err != nil {
 			return nil, fmt.Errorf("seed: credit wallet %s: %w", id, err)
@@ -60,7 +60,7 @@ func seed(ctx context.Context, c *client, cfg Config) (*world, error) {
 		u := cfg.InventoryURL + "/stock/" + url.PathEscape(sku) + "/receipts"
 		key := "lg-" + cfg.RunID + "-receipt-" + sku
 		err := retry(ctx, func() {}, func() error {
-			return c.do(ctx, "POST", u, key, map[string]int64{"quantity": stock}, nil)
+			return c.do(ctx, operator, "POST", u, key, map[string]int64{"quantity": stock}, nil)
 		})
 		if err != nil {
 			return nil, fmt.Errorf("seed: stock %s: %w", sku, err)

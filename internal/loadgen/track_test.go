@@ -44,7 +44,11 @@ func TestJobsAreDueAnIntervalAfterPlacingOrPolling(t *testing.T) {
 func TestPollsReadMoreWhileSettling(t *testing.T) {
 	var lists atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/orders" {
+		switch r.URL.Path {
+		case "/token":
+			_, _ = w.Write([]byte(`{"access_token": "a-token"}`))
+			return
+		case "/orders":
 			lists.Add(1)
 		}
 		_, _ = w.Write([]byte(`{"orders": []}`))
@@ -53,7 +57,8 @@ func TestPollsReadMoreWhileSettling(t *testing.T) {
 
 	const customers = 200
 	polled := func(settling bool) int32 {
-		r := &run{cfg: Config{OrderURL: srv.URL, PollInterval: time.Second}, client: &client{http: srv.Client()}, tracker: newTracker()}
+		cfg := Config{OrderURL: srv.URL, IssuerURL: srv.URL, PollInterval: time.Second}
+		r := &run{cfg: cfg, client: &client{http: srv.Client(), cfg: cfg}, tracker: newTracker()}
 		for i := range customers {
 			id := fmt.Sprint("o", i)
 			r.tracker.add(orderView{ID: id, CustomerID: fmt.Sprint("c", i), Status: "PENDING"})

@@ -154,14 +154,14 @@ func TestNewServiceEndToEnd(t *testing.T) {
 	done = step("place orders, await points")
 	confirmed := map[string]int64{} // order id → points
 	for i, total := range []int{3, 7, 11} {
-		id := placeOrder(t, sys.urls["order"], fmt.Sprintf("confirm-%d", i), "alice", "apple", total, 120)
-		requireStatus(t, sys.urls["order"], id, order.StatusConfirmed)
+		id := sys.placeOrder(t, fmt.Sprintf("confirm-%d", i), "alice", "apple", total, 120)
+		sys.requireStatus(t, id, order.StatusConfirmed)
 		confirmed[id] = int64(total*120) / 100
 	}
-	rejected := placeOrder(t, sys.urls["order"], "reject", "bob", "pear", 1, 6000)   // bob has 5000 cents
-	cancelled := placeOrder(t, sys.urls["order"], "cancel", "alice", "plum", 1, 100) // plum is sold out
-	requireStatus(t, sys.urls["order"], rejected, order.StatusRejected)
-	requireStatus(t, sys.urls["order"], cancelled, order.StatusCancelled)
+	rejected := sys.placeOrder(t, "reject", "bob", "pear", 1, 6000)   // bob has 5000 cents
+	cancelled := sys.placeOrder(t, "cancel", "alice", "plum", 1, 100) // plum is sold out
+	sys.requireStatus(t, rejected, order.StatusRejected)
+	sys.requireStatus(t, cancelled, order.StatusCancelled)
 
 	ctx := t.Context()
 	db, err := pgx.Connect(ctx, sys.databases["loyalty"])
@@ -192,7 +192,7 @@ func TestNewServiceEndToEnd(t *testing.T) {
 	var tally struct {
 		Events int64 `json:"events"`
 	}
-	getJSON(t, sys.urls["loyalty"]+"/customers/alice", &tally)
+	getJSON(t, sys.tokens["ALICE"], sys.urls["loyalty"]+"/customers/alice", &tally)
 	require.Equal(t, int64(len(confirmed)), tally.Events, "the starter tally counts each event once")
 
 	// The auditor covers the new service with the checks every service
@@ -244,7 +244,8 @@ type devSystem struct {
 	urls      map[string]string // service → API base URL
 	databases map[string]string // service → database URL
 	natsURL   string
-	natsCreds string // the directory of this run's credentials
+	natsCreds string            // the directory of this run's credentials
+	tokens    map[string]string // ALICE, BOB, ADMIN → the token dev printed
 }
 
 // jetStream connects to the system's NATS as identity.
@@ -273,7 +274,7 @@ func startDev(t *testing.T, bin string) *devSystem {
 	cmd.Env = append(env, "LOG_LEVEL=warn")
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	sys := &devSystem{cmd: cmd, output: &syncBuffer{}, waited: make(chan error, 1), urls: map[string]string{}, databases: map[string]string{}}
+	sys := &devSystem{cmd: cmd, output: &syncBuffer{}, waited: make(chan error, 1), urls: map[string]string{}, databases: map[string]string{}, tokens: map[string]string{}}
 	cmd.Stderr = sys.output
 	require.NoError(t, cmd.Start())
 	lines := make(chan string, 100)
@@ -314,6 +315,9 @@ func startDev(t *testing.T, bin string) *devSystem {
 				sys.natsURL = f[1]
 			case strings.HasPrefix(line, "  NATS credentials: "):
 				sys.natsCreds = f[2]
+			case len(f) == 2 && f[0] == "export":
+				name, token, _ := strings.Cut(f[1], "=")
+				sys.tokens[name] = token
 			case line == "Press Ctrl-C to stop.":
 				go func() { // the rest of the output, until exit
 					for range lines {
@@ -341,14 +345,16 @@ func (s *devSystem) stop(t *testing.T) {
 	require.Contains(t, s.output.String(), "Stopped; its temporary data is removed.")
 }
 
-// placeOrder places an order of one line and returns its id.
-func placeOrder(t *testing.T, orderURL, key, customer, sku string, quantity, unitPriceCents int) string {
+// placeOrder places an order of one line as customer (alice or bob, whose
+// tokens dev printed) and returns its id.
+func (s *devSystem) placeOrder(t *testing.T, key, customer, sku string, quantity, unitPriceCents int) string {
 	t.Helper()
 	body := fmt.Sprintf(`{"customer_id":%q,"customer_email":"%s@example.com","items":[{"sku":%q,"quantity":%d,"unit_price_cents":%d}]}`,
 		customer, customer, sku, quantity, unitPriceCents)
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, orderURL+"/orders", strings.NewReader(body))
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, s.urls["order"]+"/orders", strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+s.tokens[strings.ToUpper(customer)])
 	req.Header.Set("Idempotency-Key", key)
 	resp, err := client().Do(req)
 	require.NoError(t, err)
@@ -363,13 +369,13 @@ func placeOrder(t *testing.T, orderURL, key, customer, sku string, quantity, uni
 	return o.ID
 }
 
-func requireStatus(t *testing.T, orderURL, id, want string) {
+func (s *devSystem) requireStatus(t *testing.T, id, want string) {
 	t.Helper()
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		var o struct {
 			Status string `json:"status"`
 		}
-		getJSON(c, orderURL+"/orders/"+id, &o)
+		getJSON(c, s.tokens["ADMIN"], s.urls["order"]+"/orders/"+id, &o)
 		require.Equal(c, want, o.Status)
 	}, 30*time.Second, 50*time.Millisecond, "order %s", id)
 }
@@ -444,8 +450,11 @@ func streamMsgs(ctx context.Context, t require.TestingT, js jetstream.JetStream,
 	return info.State.Msgs
 }
 
-func getJSON(t require.TestingT, url string, out any) {
-	resp, err := client().Get(url)
+func getJSON(t require.TestingT, token, url string, out any) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := client().Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, url)

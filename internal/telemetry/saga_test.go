@@ -44,6 +44,9 @@ func TestOrderSagaIsOneTrace(t *testing.T) {
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", "trace-1")
+	tok, err := e.Token("alice", false)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+tok)
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	resp, err := client.Do(req)
 	require.NoError(t, err)

@@ -44,32 +44,32 @@ func TestReceiptsAndAdjustmentsAreALedger(t *testing.T) {
 	svc := start(t)
 
 	var item inventory.StockItem
-	resp := svc.Do(t, http.MethodPost, "/stock/apple/receipts", idempotencyKey(), map[string]int64{"quantity": 7}, &item)
+	resp := svc.Do(t, http.MethodPost, "/stock/apple/receipts", svc.AsAdmin(t, idempotencyKey()), map[string]int64{"quantity": 7}, &item)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
 	require.Equal(t, inventory.StockItem{SKU: "apple", Available: 7, Version: 1}, item)
 
-	resp = svc.Do(t, http.MethodPost, "/stock/apple/receipts", idempotencyKey(), map[string]int64{"quantity": 5}, &item)
+	resp = svc.Do(t, http.MethodPost, "/stock/apple/receipts", svc.AsAdmin(t, idempotencyKey()), map[string]int64{"quantity": 5}, &item)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, inventory.StockItem{SKU: "apple", Available: 12, Version: 2}, item, "a receipt adds to the level")
 
-	resp = svc.Do(t, http.MethodPost, "/stock/apple/adjustments", idempotencyKey(), map[string]any{"delta": -2, "reason": "damaged"}, &item)
+	resp = svc.Do(t, http.MethodPost, "/stock/apple/adjustments", svc.AsAdmin(t, idempotencyKey()), map[string]any{"delta": -2, "reason": "damaged"}, &item)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, inventory.StockItem{SKU: "apple", Available: 10, Version: 3}, item)
 
-	resp = svc.Do(t, http.MethodGet, "/stock/apple", nil, nil, &item)
+	resp = svc.Do(t, http.MethodGet, "/stock/apple", svc.AsAdmin(t), nil, &item)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, inventory.StockItem{SKU: "apple", Available: 10, Version: 3}, item)
 	require.Equal(t, `"3"`, resp.Header.Get("ETag"))
 
 	var p httpapi.Problem
-	resp = svc.Do(t, http.MethodPost, "/stock/apple/adjustments", idempotencyKey(), map[string]any{"delta": -11, "reason": "stolen"}, &p)
+	resp = svc.Do(t, http.MethodPost, "/stock/apple/adjustments", svc.AsAdmin(t, idempotencyKey()), map[string]any{"delta": -11, "reason": "stolen"}, &p)
 	require.Equal(t, http.StatusConflict, resp.StatusCode, "stock never goes negative")
-	resp = svc.Do(t, http.MethodPost, "/stock/ghost/adjustments", idempotencyKey(), map[string]any{"delta": 1, "reason": "found"}, &p)
+	resp = svc.Do(t, http.MethodPost, "/stock/ghost/adjustments", svc.AsAdmin(t, idempotencyKey()), map[string]any{"delta": 1, "reason": "found"}, &p)
 	require.Equal(t, http.StatusNotFound, resp.StatusCode, "an adjustment corrects a known SKU")
-	resp = svc.Do(t, http.MethodPost, "/stock/apple/receipts", idempotencyKey(), map[string]int64{"quantity": inventory.MaxAvailable}, &p)
+	resp = svc.Do(t, http.MethodPost, "/stock/apple/receipts", svc.AsAdmin(t, idempotencyKey()), map[string]int64{"quantity": inventory.MaxAvailable}, &p)
 	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
-	resp = svc.Do(t, http.MethodPost, "/stock/apple/adjustments", idempotencyKey(), map[string]any{"delta": inventory.MaxAvailable, "reason": "typo"}, &p)
+	resp = svc.Do(t, http.MethodPost, "/stock/apple/adjustments", svc.AsAdmin(t, idempotencyKey()), map[string]any{"delta": inventory.MaxAvailable, "reason": "typo"}, &p)
 	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
 
 	require.Equal(t, []movement{
@@ -79,7 +79,7 @@ func TestReceiptsAndAdjustmentsAreALedger(t *testing.T) {
 	}, movements(t, svc, "apple"), "only the applied changes are movements")
 	require.Equal(t, int64(10), available(t, svc, "apple"))
 
-	resp = svc.Do(t, http.MethodPost, "/stock/SKU-42_b.x~/receipts", idempotencyKey(), map[string]int64{"quantity": 1}, &item)
+	resp = svc.Do(t, http.MethodPost, "/stock/SKU-42_b.x~/receipts", svc.AsAdmin(t, idempotencyKey()), map[string]int64{"quantity": 1}, &item)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "any printable ASCII is a SKU")
 	require.Equal(t, "SKU-42_b.x~", item.SKU)
 }
@@ -92,11 +92,11 @@ func TestRetriedReceiptAppliesOnce(t *testing.T) {
 	svc := start(t)
 	key := idempotencyKey()
 	var first, again inventory.StockItem
-	resp := svc.Do(t, http.MethodPost, "/stock/apple/receipts", key, map[string]int64{"quantity": 10}, &first)
+	resp := svc.Do(t, http.MethodPost, "/stock/apple/receipts", svc.AsAdmin(t, key), map[string]int64{"quantity": 10}, &first)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	reserve(t, svc, line("apple", 3))
 
-	resp = svc.Do(t, http.MethodPost, "/stock/apple/receipts", key, map[string]int64{"quantity": 10}, &again)
+	resp = svc.Do(t, http.MethodPost, "/stock/apple/receipts", svc.AsAdmin(t, key), map[string]int64{"quantity": 10}, &again)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, "true", resp.Header.Get(httpapi.HeaderReplayed))
 	require.Equal(t, first, again, "the retry is answered as the first request")
@@ -104,14 +104,14 @@ func TestRetriedReceiptAppliesOnce(t *testing.T) {
 	require.Equal(t, []movement{{inventory.MovementReceipt, 10, ""}}, movements(t, svc, "apple"))
 
 	var p httpapi.Problem
-	resp = svc.Do(t, http.MethodPost, "/stock/apple/receipts", key, map[string]int64{"quantity": 11}, &p)
+	resp = svc.Do(t, http.MethodPost, "/stock/apple/receipts", svc.AsAdmin(t, key), map[string]int64{"quantity": 11}, &p)
 	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "the key with another request")
-	resp = svc.Do(t, http.MethodPost, "/stock/pear/receipts", key, map[string]int64{"quantity": 10}, &p)
+	resp = svc.Do(t, http.MethodPost, "/stock/pear/receipts", svc.AsAdmin(t, key), map[string]int64{"quantity": 10}, &p)
 	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "the key on another SKU")
 
 	adjust := idempotencyKey()
 	for range 2 {
-		resp = svc.Do(t, http.MethodPost, "/stock/apple/adjustments", adjust, map[string]any{"delta": -2, "reason": "damaged"}, nil)
+		resp = svc.Do(t, http.MethodPost, "/stock/apple/adjustments", svc.AsAdmin(t, adjust), map[string]any{"delta": -2, "reason": "damaged"}, nil)
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 	}
 	require.Equal(t, int64(5), available(t, svc, "apple"), "a retried adjustment applies once")
@@ -125,28 +125,28 @@ func TestStockCountCannotUndoAReservation(t *testing.T) {
 	svc := start(t)
 	setStock(t, svc, "apple", 10)
 	var counted inventory.StockItem
-	resp := svc.Do(t, http.MethodGet, "/stock/apple", nil, nil, &counted)
+	resp := svc.Do(t, http.MethodGet, "/stock/apple", svc.AsAdmin(t), nil, &counted)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	etag := resp.Header.Get("ETag")
 	reserve(t, svc, line("apple", 3))
 
 	var p httpapi.Problem
-	resp = svc.Do(t, http.MethodPut, "/stock/apple", http.Header{"If-Match": {etag}}, map[string]int64{"available": 10}, &p)
+	resp = svc.Do(t, http.MethodPut, "/stock/apple", svc.AsAdmin(t, http.Header{"If-Match": {etag}}), map[string]int64{"available": 10}, &p)
 	require.Equal(t, http.StatusPreconditionFailed, resp.StatusCode, p.Detail)
-	resp = svc.Do(t, http.MethodPut, "/stock/apple", nil, map[string]int64{"available": 10}, &p)
+	resp = svc.Do(t, http.MethodPut, "/stock/apple", svc.AsAdmin(t), map[string]int64{"available": 10}, &p)
 	require.Equal(t, http.StatusPreconditionRequired, resp.StatusCode, "a level is never set unconditionally")
 	require.Equal(t, int64(7), available(t, svc, "apple"), "the reservation stands")
 
 	var item inventory.StockItem
-	resp = svc.Do(t, http.MethodGet, "/stock/apple", nil, nil, &item)
+	resp = svc.Do(t, http.MethodGet, "/stock/apple", svc.AsAdmin(t), nil, &item)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	resp = svc.Do(t, http.MethodPut, "/stock/apple", http.Header{"If-Match": {resp.Header.Get("ETag")}}, map[string]any{"available": 6, "reason": "counted"}, &item)
+	resp = svc.Do(t, http.MethodPut, "/stock/apple", svc.AsAdmin(t, http.Header{"If-Match": {resp.Header.Get("ETag")}}), map[string]any{"available": 6, "reason": "counted"}, &item)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "a count of the current version")
 	require.Equal(t, inventory.StockItem{SKU: "apple", Available: 6, Version: counted.Version + 2}, item)
 	require.Equal(t, strconv.Quote(strconv.FormatInt(item.Version, 10)), resp.Header.Get("ETag"))
 	require.Equal(t, []movement{{inventory.MovementReceipt, 10, ""}, {inventory.MovementCount, -1, "counted"}}, movements(t, svc, "apple"))
 
-	resp = svc.Do(t, http.MethodPut, "/stock/ghost", http.Header{"If-Match": {`"1"`}}, map[string]int64{"available": 1}, &p)
+	resp = svc.Do(t, http.MethodPut, "/stock/ghost", svc.AsAdmin(t, http.Header{"If-Match": {`"1"`}}), map[string]int64{"available": 1}, &p)
 	require.Equal(t, http.StatusNotFound, resp.StatusCode, "a count sets the level of a known SKU")
 }
 
@@ -174,7 +174,7 @@ func TestGetStockRefusesUnknownAndInvalidSKUs(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var p httpapi.Problem
-			resp := svc.Do(t, http.MethodGet, tt.path, nil, nil, &p)
+			resp := svc.Do(t, http.MethodGet, tt.path, svc.AsAdmin(t), nil, &p)
 			require.Equal(t, tt.want, resp.StatusCode)
 			require.Equal(t, httpapi.ContentTypeProblem, resp.Header.Get("Content-Type"))
 			require.Equal(t, tt.want, p.Status)
@@ -236,7 +236,7 @@ func TestBadStockRequestsWriteNothing(t *testing.T) {
 				header.Set("Content-Type", "application/json")
 			}
 			var p httpapi.Problem
-			resp := svc.Do(t, cmp.Or(tt.method, http.MethodPost), tt.path, header, tt.body, &p)
+			resp := svc.Do(t, cmp.Or(tt.method, http.MethodPost), tt.path, svc.AsAdmin(t, header), tt.body, &p)
 			require.Equal(t, tt.want, resp.StatusCode)
 			require.Equal(t, httpapi.ContentTypeProblem, resp.Header.Get("Content-Type"))
 			require.Equal(t, tt.want, p.Status)

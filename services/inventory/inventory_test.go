@@ -57,10 +57,10 @@ func batchedPerEvent(cfg *app.Config) {
 func setStock(t *testing.T, svc *apptest.Service, sku string, available int64) {
 	t.Helper()
 	received := max(available, 1)
-	resp := svc.Do(t, http.MethodPost, "/stock/"+sku+"/receipts", idempotencyKey(), map[string]int64{"quantity": received}, nil)
+	resp := svc.Do(t, http.MethodPost, "/stock/"+sku+"/receipts", svc.AsAdmin(t, idempotencyKey()), map[string]int64{"quantity": received}, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	if received > available {
-		resp = svc.Do(t, http.MethodPost, "/stock/"+sku+"/adjustments", idempotencyKey(), map[string]any{"delta": available - received, "reason": "sold out"}, nil)
+		resp = svc.Do(t, http.MethodPost, "/stock/"+sku+"/adjustments", svc.AsAdmin(t, idempotencyKey()), map[string]any{"delta": available - received, "reason": "sold out"}, nil)
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 	}
 }
@@ -74,7 +74,7 @@ func idempotencyKey() http.Header {
 func available(t *testing.T, svc *apptest.Service, sku string) int64 {
 	t.Helper()
 	var item inventory.StockItem
-	resp := svc.Do(t, http.MethodGet, "/stock/"+sku, nil, nil, &item)
+	resp := svc.Do(t, http.MethodGet, "/stock/"+sku, svc.AsAdmin(t), nil, &item)
 	if resp.StatusCode == http.StatusNotFound {
 		return -1
 	}

@@ -2,6 +2,7 @@ package notify_test
 
 import (
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"strings"
@@ -29,7 +30,7 @@ func TestListNotifications(t *testing.T) {
 
 	id := orderID(t, placed)
 	var got []notify.Notification
-	resp := svc.Do(t, http.MethodGet, "/notifications?order_id="+id.String(), nil, nil, &got)
+	resp := svc.Do(t, http.MethodGet, "/notifications?order_id="+id.String(), svc.AsAdmin(t), nil, &got)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, echo.MIMEApplicationJSON, resp.Header.Get("Content-Type"))
 	require.Len(t, got, 2)
@@ -46,7 +47,7 @@ func TestListNotifications(t *testing.T) {
 func TestListNotificationsOfAnUnknownOrderIsEmpty(t *testing.T) {
 	t.Parallel()
 	svc, _ := start(t)
-	raw := get(t, svc.BaseURL+"/notifications?order_id="+uuid.NewString())
+	raw := get(t, svc.BaseURL+"/notifications?order_id="+uuid.NewString(), svc.AsAdmin(t))
 	require.Equal(t, http.StatusOK, raw.status)
 	require.JSONEq(t, `[]`, raw.body, "an array, never null")
 }
@@ -72,7 +73,7 @@ func TestBadNotificationRequests(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var p httpapi.Problem
-			resp := svc.Do(t, tt.method, tt.target, nil, nil, &p)
+			resp := svc.Do(t, tt.method, tt.target, svc.AsAdmin(t), nil, &p)
 			require.Equal(t, tt.want, resp.StatusCode)
 			require.Equal(t, httpapi.ContentTypeProblem, resp.Header.Get("Content-Type"))
 			require.Equal(t, tt.want, p.Status)
@@ -95,10 +96,13 @@ type response struct {
 	body        string
 }
 
-func get(t *testing.T, url string) response {
+func get(t *testing.T, url string, header ...http.Header) response {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
 	require.NoError(t, err)
+	for _, h := range header {
+		maps.Copy(req.Header, h)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()

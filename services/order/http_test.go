@@ -33,6 +33,9 @@ func post(ctx context.Context, svc *apptest.Service, header http.Header, content
 		return nil, nil, err
 	}
 	req.Header.Set("Content-Type", contentType)
+	if err := authorize(req, svc); err != nil {
+		return nil, nil, err
+	}
 	for k, v := range header {
 		req.Header[k] = v
 	}
@@ -88,7 +91,7 @@ func TestPlaceAndGetOrder(t *testing.T) {
 
 	// Without an e-mail address, the field is empty, not missing.
 	var noEmail order.Order
-	resp = svc.Do(t, http.MethodPost, "/orders", key("place-2"), map[string]any{
+	resp = svc.Do(t, http.MethodPost, "/orders", svc.AsAdmin(t, key("place-2")), map[string]any{
 		"customer_id": "bob", "items": []map[string]any{{"sku": "apple", "quantity": 1, "unit_price_cents": 5}},
 	}, &noEmail)
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
@@ -105,7 +108,7 @@ func TestGetOrderErrors(t *testing.T) {
 		"/orders/12345678-1234-1234-12": http.StatusBadRequest,
 	} {
 		var body json.RawMessage
-		resp := svc.Do(t, http.MethodGet, path, nil, nil, &body)
+		resp := svc.Do(t, http.MethodGet, path, svc.AsAdmin(t), nil, &body)
 		requireProblem(t, resp, body, status)
 	}
 }
@@ -120,7 +123,7 @@ func TestListOrders(t *testing.T) {
 	other := place(t, svc, "someone-else")
 
 	var list order.OrderList
-	resp := svc.Do(t, http.MethodGet, "/orders?customer_id=lister", nil, nil, &list)
+	resp := svc.Do(t, http.MethodGet, "/orders?customer_id=lister", svc.AsAdmin(t), nil, &list)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	got := make([]uuid.UUID, len(list.Orders))
 	for i, o := range list.Orders {
@@ -131,24 +134,24 @@ func TestListOrders(t *testing.T) {
 	slices.Reverse(ids)
 	require.Equal(t, ids, got, "newest first")
 
-	resp = svc.Do(t, http.MethodGet, "/orders?customer_id=lister&limit=2", nil, nil, &list)
+	resp = svc.Do(t, http.MethodGet, "/orders?customer_id=lister&limit=2", svc.AsAdmin(t), nil, &list)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Len(t, list.Orders, 2)
 	require.Equal(t, ids[:2], []uuid.UUID{list.Orders[0].ID, list.Orders[1].ID})
 
-	resp = svc.Do(t, http.MethodGet, "/orders?customer_id=someone-else", nil, nil, &list)
+	resp = svc.Do(t, http.MethodGet, "/orders?customer_id=someone-else", svc.AsAdmin(t), nil, &list)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Len(t, list.Orders, 1)
 	require.Equal(t, other.ID, list.Orders[0].ID)
 
 	var raw map[string]json.RawMessage
-	resp = svc.Do(t, http.MethodGet, "/orders?customer_id=nobody", nil, nil, &raw)
+	resp = svc.Do(t, http.MethodGet, "/orders?customer_id=nobody", svc.AsAdmin(t), nil, &raw)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.JSONEq(t, `[]`, string(raw["orders"]), "an empty list, not null")
 
 	for _, query := range []string{"", "?customer_id=", "?customer_id=a%20b", "?customer_id=x&limit=0", "?customer_id=x&limit=501", "?customer_id=x&limit=ten", "?customer_id=x&limit=-1"} {
 		var body json.RawMessage
-		resp := svc.Do(t, http.MethodGet, "/orders"+query, nil, nil, &body)
+		resp := svc.Do(t, http.MethodGet, "/orders"+query, svc.AsAdmin(t), nil, &body)
 		requireProblem(t, resp, body, http.StatusBadRequest)
 	}
 }

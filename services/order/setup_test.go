@@ -16,6 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/app"
 	"github.com/onceflow/onceflow/internal/apptest"
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/services/order"
 )
@@ -40,7 +41,7 @@ func startOrder(t *testing.T, base order.Config, configure ...func(*app.Config))
 func place(t *testing.T, svc *apptest.Service, customer string) order.Order {
 	t.Helper()
 	var o order.Order
-	resp := svc.Do(t, http.MethodPost, "/orders", key(uuid.NewString()), map[string]any{
+	resp := svc.Do(t, http.MethodPost, "/orders", svc.AsAdmin(t, key(uuid.NewString())), map[string]any{
 		"customer_id":    customer,
 		"customer_email": customer + "@example.com",
 		"items": []map[string]any{
@@ -54,6 +55,17 @@ func place(t *testing.T, svc *apptest.Service, customer string) order.Order {
 }
 
 func key(k string) http.Header { return http.Header{"Idempotency-Key": {k}} }
+
+// authorize gives req an operator's token, without failing the test, for
+// the helpers that goroutines call.
+func authorize(req *http.Request, svc *apptest.Service) error {
+	tok, err := svc.Issuer.Token(auth.TokenRequest{Subject: "operator", Admin: true})
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+tok)
+	return nil
+}
 
 // saga builds the events the other services would send about o.
 type saga struct {
@@ -104,7 +116,7 @@ func (s saga) stockRejected(reason string) event.Envelope {
 func get(t *testing.T, svc *apptest.Service, id uuid.UUID) order.Order {
 	t.Helper()
 	var o order.Order
-	resp := svc.Do(t, http.MethodGet, "/orders/"+id.String(), nil, nil, &o)
+	resp := svc.Do(t, http.MethodGet, "/orders/"+id.String(), svc.AsAdmin(t), nil, &o)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	return o
 }
@@ -114,6 +126,9 @@ func get(t *testing.T, svc *apptest.Service, id uuid.UUID) order.Order {
 func fetch(ctx context.Context, svc *apptest.Service, id uuid.UUID) (order.Order, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, svc.BaseURL+"/orders/"+id.String(), nil)
 	if err != nil {
+		return order.Order{}, err
+	}
+	if err := authorize(req, svc); err != nil {
 		return order.Order{}, err
 	}
 	resp, err := http.DefaultClient.Do(req)

@@ -18,21 +18,21 @@ func TestCreditIdempotencyKey(t *testing.T) {
 	key := http.Header{"Idempotency-Key": {"credit-1"}}
 
 	var first, replay payment.Wallet
-	resp := svc.Do(t, http.MethodPost, "/wallets/erin/credits", key, map[string]int64{"amount_cents": 500}, &first)
+	resp := svc.Do(t, http.MethodPost, "/wallets/erin/credits", svc.AsAdmin(t, key), map[string]int64{"amount_cents": 500}, &first)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Empty(t, resp.Header.Get(httpapi.HeaderReplayed))
 	require.Equal(t, int64(500), first.BalanceCents)
 
-	resp = svc.Do(t, http.MethodPost, "/wallets/erin/credits", key, map[string]int64{"amount_cents": 500}, &replay)
+	resp = svc.Do(t, http.MethodPost, "/wallets/erin/credits", svc.AsAdmin(t, key), map[string]int64{"amount_cents": 500}, &replay)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, "true", resp.Header.Get(httpapi.HeaderReplayed))
 	require.Equal(t, first, replay)
 
-	resp = svc.Do(t, http.MethodPost, "/wallets/erin/credits", key, map[string]int64{"amount_cents": 501}, nil)
+	resp = svc.Do(t, http.MethodPost, "/wallets/erin/credits", svc.AsAdmin(t, key), map[string]int64{"amount_cents": 501}, nil)
 	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
 	require.Equal(t, httpapi.ContentTypeProblem, resp.Header.Get("Content-Type"))
 
-	resp = svc.Do(t, http.MethodPost, "/wallets/frank/credits", key, map[string]int64{"amount_cents": 500}, nil)
+	resp = svc.Do(t, http.MethodPost, "/wallets/frank/credits", svc.AsAdmin(t, key), map[string]int64{"amount_cents": 500}, nil)
 	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "same key, other wallet: a different request")
 
 	require.Equal(t, int64(500), balance(t, svc, "erin"))
@@ -47,7 +47,7 @@ func TestConcurrentCreditsWithOneKeyCreditOnce(t *testing.T) {
 	statuses := make([]int, 30)
 	for i := range statuses {
 		wg.Go(func() {
-			statuses[i] = svc.Do(t, http.MethodPost, "/wallets/gina/credits", key, map[string]int64{"amount_cents": 70}, nil).StatusCode
+			statuses[i] = svc.Do(t, http.MethodPost, "/wallets/gina/credits", svc.AsAdmin(t, key), map[string]int64{"amount_cents": 70}, nil).StatusCode
 		})
 	}
 	wg.Wait()
@@ -84,7 +84,7 @@ func TestBadCreditRequestsWriteNothing(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			resp := svc.Do(t, http.MethodPost, tt.path, tt.header, tt.body, nil)
+			resp := svc.Do(t, http.MethodPost, tt.path, svc.AsAdmin(t, tt.header), tt.body, nil)
 			require.Equal(t, tt.want, resp.StatusCode)
 			require.Equal(t, httpapi.ContentTypeProblem, resp.Header.Get("Content-Type"))
 		})

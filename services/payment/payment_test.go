@@ -29,15 +29,14 @@ func start(t *testing.T, configure ...func(*app.Config)) *apptest.Service {
 
 func credit(t *testing.T, svc *apptest.Service, customer string, cents int64) {
 	t.Helper()
-	resp := svc.Do(t, http.MethodPost, "/wallets/"+customer+"/credits",
-		http.Header{"Idempotency-Key": {uuid.NewString()}}, map[string]int64{"amount_cents": cents}, nil)
+	resp := svc.Do(t, http.MethodPost, "/wallets/"+customer+"/credits", svc.AsAdmin(t, http.Header{"Idempotency-Key": {uuid.NewString()}}), map[string]int64{"amount_cents": cents}, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 }
 
 func balance(t *testing.T, svc *apptest.Service, customer string) int64 {
 	t.Helper()
 	var w payment.Wallet
-	resp := svc.Do(t, http.MethodGet, "/wallets/"+customer, nil, nil, &w)
+	resp := svc.Do(t, http.MethodGet, "/wallets/"+customer, svc.AsAdmin(t), nil, &w)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	return w.BalanceCents
 }
