@@ -102,7 +102,7 @@ type Config struct {
 	// Environ is the environment the services read their configuration from,
 	// as os.Environ returns it (the stream settings of streams.Config too,
 	// for the provisioning). Start overrides DATABASE_URL, NATS_URL,
-	// NATS_CREDS and HTTP_ADDR in it, and sets OUTBOX_ATOMIC_BATCH_MIN to 0 where it is
+	// NATS_CREDS, HTTP_ADDR and AUTH_* (its own issuer's) in it, and sets OUTBOX_ATOMIC_BATCH_MIN to 0 where it is
 	// unset and JetStream does not fsync every write. Nil means every other
 	// setting at its default.
 	Environ []string
@@ -212,16 +212,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Env, err er
 	services := all()
 	// The HTTP listeners first: a port in use is the likeliest failure, and
 	// is reported before anything slow has started.
-	for i, svc := range services {
-		addr := net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Ports.http(i)))
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			return nil, fmt.Errorf("%s API on %s: %w", svc.name, addr, err)
-		}
-		e.listeners = append(e.listeners, ln)
-		e.Services = append(e.Services, Service{Name: svc.name, URL: "http://" + ln.Addr().String()})
-	}
-	if err := e.newIssuer(ctx, cfg); err != nil {
+	if err := e.listen(ctx, cfg, services); err != nil {
 		return nil, err
 	}
 
@@ -241,7 +232,11 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Env, err er
 		return nil, err
 	}
 
-	environ := servicesEnviron(cfg)
+	environ := overlay(servicesEnviron(cfg), map[string]string{
+		"AUTH_JWKS_URL": e.IssuerURL + auth.JWKSPath,
+		"AUTH_ISSUER":   e.IssuerURL,
+		"AUTH_AUDIENCE": auth.DefaultAudience,
+	})
 	if err := provision(ctx, natsauth.Client{URL: e.NATSURL, Creds: e.NATSCreds[streams.Provisioner]}, environ); err != nil {
 		return nil, err
 	}
@@ -263,13 +258,10 @@ func (e *Env) runServices(ctx context.Context, services []service, environ map[s
 	g.Go(func() error { return e.Issuer.Serve(gctx, e.issuerLn, logger.With("component", "issuer")) })
 	for i, svc := range services {
 		env := overlay(environ, map[string]string{
-			"DATABASE_URL":  e.Services[i].DatabaseURL,
-			"NATS_URL":      e.NATSURL,
-			"NATS_CREDS":    e.NATSCreds[svc.name],
-			"HTTP_ADDR":     e.listeners[i].Addr().String(),
-			"AUTH_JWKS_URL": e.IssuerURL + auth.JWKSPath,
-			"AUTH_ISSUER":   e.IssuerURL,
-			"AUTH_AUDIENCE": auth.DefaultAudience,
+			"DATABASE_URL": e.Services[i].DatabaseURL,
+			"NATS_URL":     e.NATSURL,
+			"NATS_CREDS":   e.NATSCreds[svc.name],
+			"HTTP_ADDR":    e.listeners[i].Addr().String(),
 		})
 		ln := e.listeners[i]
 		g.Go(func() error {
@@ -360,6 +352,20 @@ func (e *Env) startBroker(ctx context.Context, cfg Config) error {
 		return e.startCluster(ctx, cfg, conf)
 	}
 	return e.startNATS(cfg, conf)
+}
+
+// listen listens on the services' HTTP ports, then makes the issuer.
+func (e *Env) listen(ctx context.Context, cfg Config, services []service) error {
+	for i, svc := range services {
+		addr := net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Ports.http(i)))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("%s API on %s: %w", svc.name, addr, err)
+		}
+		e.listeners = append(e.listeners, ln)
+		e.Services = append(e.Services, Service{Name: svc.name, URL: "http://" + ln.Addr().String()})
+	}
+	return e.newIssuer(ctx, cfg)
 }
 
 // newIssuer listens on the issuer's port and makes the dev issuer, whose
