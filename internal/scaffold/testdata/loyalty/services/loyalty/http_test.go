@@ -21,7 +21,7 @@ func TestBadCustomerIDIsAProblem(t *testing.T) {
 	t.Parallel()
 	svc := start(t)
 	for _, path := range []string{"/customers/" + strings.Repeat("c", 129), "/customers/%C3%A9"} {
-		resp := svc.Do(t, http.MethodGet, path, nil, nil, nil)
+		resp := svc.Do(t, http.MethodGet, path, svc.AsAdmin(t), nil, nil)
 		require.Equal(t, http.StatusBadRequest, resp.StatusCode, path)
 		require.Equal(t, httpapi.ContentTypeProblem, resp.Header.Get("Content-Type"), path)
 	}

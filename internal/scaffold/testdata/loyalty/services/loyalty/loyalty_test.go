@@ -31,7 +31,7 @@ func start(t *testing.T) *apptest.Service {
 func customerEvents(t *testing.T, svc *apptest.Service, customer string) int64 {
 	t.Helper()
 	var got loyalty.CustomerEvents
-	resp := svc.Do(t, http.MethodGet, "/customers/"+customer, nil, nil, &got)
+	resp := svc.Do(t, http.MethodGet, "/customers/"+customer, svc.As(t, customer), nil, &got)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	return got.Events
 }
