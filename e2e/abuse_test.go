@@ -28,12 +28,16 @@ type abuse struct {
 	anyFour bool // any 4xx will do
 }
 
-// validOrder is a well-formed order body with the given SKU quantity.
-func validOrder(customer string, quantity int) string {
-	return fmt.Sprintf(`{"customer_id":%q,"items":[{"sku":"sku-00","quantity":%d,"unit_price_cents":100}]}`, customer, quantity)
+// validOrder is a well-formed order body with the given SKU quantity; the
+// customer is the token's.
+func validOrder(quantity int) string {
+	return fmt.Sprintf(`{"items":[{"sku":"sku-00","quantity":%d,"unit_price_cents":100}]}`, quantity)
 }
 
-func abuses() []abuse {
+func abuses(d *driver) []abuse {
+	anonymous := http.Header{"Authorization": {""}}
+	forged := http.Header{"Authorization": {"Bearer " + d.sys.forgedToken()}}
+	customer := d.as("rich-00")
 	items := make([]string, 101)
 	for i := range items {
 		items[i] = fmt.Sprintf(`{"sku":"s%d","quantity":1,"unit_price_cents":1}`, i)
@@ -51,40 +55,49 @@ func abuses() []abuse {
 		return abuse{name: name, kind: kind, method: http.MethodGet, path: path, want: want}
 	}
 	cases := []abuse{
-		{name: "no Idempotency-Key", kind: "order", method: http.MethodPost, path: "/orders", body: validOrder("rich-00", 1), want: http.StatusBadRequest},
-		{name: "Idempotency-Key too long", kind: "order", method: http.MethodPost, path: "/orders", key: strings.Repeat("k", 300), body: validOrder("rich-00", 1), want: http.StatusBadRequest},
-		{name: "not JSON", kind: "order", method: http.MethodPost, path: "/orders", key: "abuse-ct", ctype: "text/plain", body: validOrder("rich-00", 1), want: http.StatusUnsupportedMediaType},
+		{name: "no Idempotency-Key", kind: "order", method: http.MethodPost, path: "/orders", body: validOrder(1), want: http.StatusBadRequest},
+		{name: "Idempotency-Key too long", kind: "order", method: http.MethodPost, path: "/orders", key: strings.Repeat("k", 300), body: validOrder(1), want: http.StatusBadRequest},
+		{name: "Idempotency-Key not ASCII", kind: "order", method: http.MethodPost, path: "/orders", key: "cl\u00e9-\xff", body: validOrder(1), want: http.StatusBadRequest},
+		{name: "not JSON", kind: "order", method: http.MethodPost, path: "/orders", key: "abuse-ct", ctype: "text/plain", body: validOrder(1), want: http.StatusUnsupportedMediaType},
+		{name: "anonymous order", kind: "order", method: http.MethodPost, path: "/orders", key: "abuse-anon", header: anonymous, body: validOrder(1), want: http.StatusUnauthorized},
+		{name: "forged token", kind: "order", method: http.MethodPost, path: "/orders", key: "abuse-forged", header: forged, body: validOrder(1), want: http.StatusUnauthorized},
+		{name: "anonymous credit", kind: "payment", method: http.MethodPost, path: "/wallets/rich-00/credits", key: "abuse-anon", header: anonymous, body: `{"amount_cents":1}`, want: http.StatusUnauthorized},
+		{name: "forged credit", kind: "payment", method: http.MethodPost, path: "/wallets/rich-00/credits", key: "abuse-forged", header: forged, body: `{"amount_cents":1}`, want: http.StatusUnauthorized},
+		{name: "a customer credits", kind: "payment", method: http.MethodPost, path: "/wallets/rich-00/credits", key: "abuse-self", header: customer, body: `{"amount_cents":100000000000}`, want: http.StatusForbidden},
+		{name: "a customer receives stock", kind: "inventory", method: http.MethodPost, path: "/stock/sku-00/receipts", key: "abuse-self", header: customer, body: `{"quantity":1}`, want: http.StatusForbidden},
+		{name: "another customer's wallet", kind: "payment", method: http.MethodGet, path: "/wallets/rich-01", header: customer, want: http.StatusNotFound},
+		{name: "another customer's orders", kind: "order", method: http.MethodGet, path: "/orders?customer_id=rich-01", header: customer, want: http.StatusForbidden},
+		{name: "anonymous wallet", kind: "payment", method: http.MethodGet, path: "/wallets/rich-00", header: anonymous, want: http.StatusUnauthorized},
 		{name: "oversized body", kind: "order", method: http.MethodPost, path: "/orders", key: "abuse-big",
-			body: `{"customer_id":"rich-00","customer_email":"` + strings.Repeat("a", 70<<10) + `","items":[]}`, want: http.StatusRequestEntityTooLarge},
+			body: `{"customer_email":"` + strings.Repeat("a", 70<<10) + `","items":[]}`, want: http.StatusRequestEntityTooLarge},
 		{name: "oversized header", kind: "order", method: http.MethodPost, path: "/orders", key: "abuse-hdr",
-			header: http.Header{"X-Junk": {strings.Repeat("j", 2<<20)}}, body: validOrder("rich-00", 1), want: http.StatusRequestHeaderFieldsTooLarge},
-		order("truncated JSON", `{"customer_id":"rich-00","items":[`),
-		order("unknown field", `{"customer_id":"rich-00","admin":true,"items":[{"sku":"sku-00","quantity":1,"unit_price_cents":1}]}`),
-		order("trailing data", validOrder("rich-00", 1)+`{}`),
+			header: http.Header{"X-Junk": {strings.Repeat("j", 2<<20)}}, body: validOrder(1), want: http.StatusRequestHeaderFieldsTooLarge},
+		order("truncated JSON", `{"items":[`),
+		order("unknown field", `{"admin":true,"items":[{"sku":"sku-00","quantity":1,"unit_price_cents":1}]}`),
+		order("a customer_id (the token says who)", `{"customer_id":"rich-01","items":[{"sku":"sku-00","quantity":1,"unit_price_cents":1}]}`),
+		order("duplicate key", `{"items":[{"sku":"sku-00","quantity":1,"unit_price_cents":1}],"items":[]}`),
+		order("case-folded key", `{"Items":[{"sku":"sku-00","quantity":1,"unit_price_cents":1}]}`),
+		order("trailing data", validOrder(1)+`{}`),
 		order("top-level array", `[]`),
 		order("null", `null`),
-		order("items a string", `{"customer_id":"rich-00","items":"sku-00"}`),
-		order("no items", `{"customer_id":"rich-00","items":[]}`),
-		order("101 items", `{"customer_id":"rich-00","items":[`+strings.Join(items, ",")+`]}`),
-		order("zero quantity", validOrder("rich-00", 0)),
-		order("negative quantity", validOrder("rich-00", -1)),
-		order("quantity over the limit", validOrder("rich-00", 1_000_001)),
-		order("quantity overflowing int64", `{"customer_id":"rich-00","items":[{"sku":"sku-00","quantity":1e30,"unit_price_cents":1}]}`),
-		order("missing price", `{"customer_id":"rich-00","items":[{"sku":"sku-00","quantity":1}]}`),
-		order("negative price", `{"customer_id":"rich-00","items":[{"sku":"sku-00","quantity":1,"unit_price_cents":-1}]}`),
-		order("total overflowing int64", `{"customer_id":"rich-00","items":[{"sku":"sku-00","quantity":1000000,"unit_price_cents":9000000000000000000}]}`),
-		order("same SKU twice", `{"customer_id":"rich-00","items":[{"sku":"sku-00","quantity":1,"unit_price_cents":1},{"sku":"sku-00","quantity":1,"unit_price_cents":1}]}`),
-		order("empty customer", validOrder("", 1)),
-		order("customer with a space", validOrder("rich 00", 1)),
-		order("non-ASCII customer", validOrder("rïch-00", 1)),
-		order("customer of 129 bytes", validOrder(strings.Repeat("c", 129), 1)),
-		order("NUL in a SKU", `{"customer_id":"rich-00","items":[{"sku":"sku\u0000","quantity":1,"unit_price_cents":1}]}`),
-		order("display-name e-mail", `{"customer_id":"rich-00","customer_email":"Eve <eve@example.test>","items":[{"sku":"sku-00","quantity":1,"unit_price_cents":1}]}`),
-		order("not an e-mail", `{"customer_id":"rich-00","customer_email":"eve","items":[{"sku":"sku-00","quantity":1,"unit_price_cents":1}]}`),
-		order("nesting bomb", `{"customer_id":`+strings.Repeat("[", 20_000)+strings.Repeat("]", 20_000)+`}`),
+		order("items a string", `{"items":"sku-00"}`),
+		order("no items", `{"items":[]}`),
+		order("101 items", `{"items":[`+strings.Join(items, ",")+`]}`),
+		order("zero quantity", validOrder(0)),
+		order("negative quantity", validOrder(-1)),
+		order("quantity over the limit", validOrder(1_000_001)),
+		order("quantity overflowing int64", `{"items":[{"sku":"sku-00","quantity":1e30,"unit_price_cents":1}]}`),
+		order("missing price", `{"items":[{"sku":"sku-00","quantity":1}]}`),
+		order("negative price", `{"items":[{"sku":"sku-00","quantity":1,"unit_price_cents":-1}]}`),
+		order("total overflowing int64", `{"items":[{"sku":"sku-00","quantity":1000000,"unit_price_cents":9000000000000000000}]}`),
+		order("same SKU twice", `{"items":[{"sku":"sku-00","quantity":1,"unit_price_cents":1},{"sku":"sku-00","quantity":1,"unit_price_cents":1}]}`),
+		order("NUL in a SKU", `{"items":[{"sku":"sku\u0000","quantity":1,"unit_price_cents":1}]}`),
+		order("display-name e-mail", `{"customer_email":"Eve <eve@example.test>","items":[{"sku":"sku-00","quantity":1,"unit_price_cents":1}]}`),
+		order("not an e-mail", `{"customer_email":"eve","items":[{"sku":"sku-00","quantity":1,"unit_price_cents":1}]}`),
+		order("nesting bomb", `{"items":`+strings.Repeat("[", 20_000)+strings.Repeat("]", 20_000)+`}`),
 		get("order id not a UUID", "order", "/orders/not-a-uuid", http.StatusBadRequest),
 		get("unknown order", "order", "/orders/"+uuid.NewString(), http.StatusNotFound),
-		get("list without customer", "order", "/orders", http.StatusBadRequest),
+		get("list of a customer with a space", "order", "/orders?customer_id=rich%2000", http.StatusBadRequest),
 		get("list limit 0", "order", "/orders?customer_id=rich-00&limit=0", http.StatusBadRequest),
 		get("list limit too high", "order", "/orders?customer_id=rich-00&limit=100000", http.StatusBadRequest),
 		get("list limit not a number", "order", "/orders?customer_id=rich-00&limit=abc", http.StatusBadRequest),
@@ -95,6 +108,8 @@ func abuses() []abuse {
 		credit("credit over the limit", `{"amount_cents":100000000001}`),
 		credit("credit as a string", `{"amount_cents":"12"}`),
 		credit("credit with an unknown field", `{"amount_cents":1,"to":"eve"}`),
+		credit("credit with a duplicate key", `{"amount_cents":1,"amount_cents":100000000000}`),
+		credit("credit with a case-folded key", `{"AMOUNT_CENTS":7}`),
 		{name: "credit without Idempotency-Key", kind: "payment", method: http.MethodPost, path: "/wallets/rich-00/credits", body: `{"amount_cents":1}`, want: http.StatusBadRequest},
 		{name: "credit to a customer of 129 bytes", kind: "payment", method: http.MethodPost, path: "/wallets/" + strings.Repeat("c", 129) + "/credits", key: "abuse-long", body: `{"amount_cents":1}`, want: http.StatusBadRequest},
 		get("wallet of a customer with a space", "payment", "/wallets/rich%2000", http.StatusBadRequest),
@@ -152,7 +167,7 @@ func TestHTTPAbuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range abuses() {
+	for _, a := range abuses(d) {
 		resp, err := d.c.once(ctx, a.method, sys.url(a.kind)+a.path, a.key, a.bodyFor(), a.headers()...)
 		switch {
 		case err != nil:
@@ -166,7 +181,7 @@ func TestHTTPAbuse(t *testing.T) {
 			t.Errorf("e2e: %s: Content-Type %q, want %s", a.name, resp.header.Get("Content-Type"), httpapi.ContentTypeProblem)
 		}
 	}
-	sys.faults.add("hostile_requests", int64(len(abuses())))
+	sys.faults.add("hostile_requests", int64(len(abuses(d))))
 	after, err := sys.writes(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -208,7 +223,8 @@ func (sys *system) racingRetries(d *driver, n int) {
 	t.Helper()
 	ctx := t.Context()
 	key := "racing-" + uuid.NewString()
-	bodies := []string{validOrder("rich-01", 1), validOrder("rich-02", 2)}
+	bodies := []string{validOrder(1), validOrder(2)}
+	rich := d.as("rich-01")
 	type answer struct {
 		body int
 		resp response
@@ -224,7 +240,7 @@ func (sys *system) racingRetries(d *driver, n int) {
 			if i%5 == 4 {
 				b = 1
 			}
-			resp, err := d.c.once(ctx, http.MethodPost, sys.url("order")+"/orders", key, []byte(bodies[b]))
+			resp, err := d.c.once(ctx, http.MethodPost, sys.url("order")+"/orders", key, []byte(bodies[b]), rich)
 			answers[i] = answer{b, resp, err}
 		})
 	}

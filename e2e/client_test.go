@@ -56,14 +56,15 @@ func (r response) String() string {
 }
 
 // do sends the request until it is answered with neither 5xx nor 409.
-func (c *client) do(ctx context.Context, method, url, key string, body []byte) (response, error) {
+// Headers in extra are set last (e.g. another caller's Authorization).
+func (c *client) do(ctx context.Context, method, url, key string, body []byte, extra ...http.Header) (response, error) {
 	deadline := time.Now().Add(c.budget)
 	delay := 50 * time.Millisecond
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			c.retries.Add(1)
 		}
-		resp, err := c.once(ctx, method, url, key, body)
+		resp, err := c.once(ctx, method, url, key, body, extra...)
 		retry := err != nil || resp.status >= 500 || resp.status == http.StatusConflict
 		if !retry {
 			return resp, nil

@@ -67,9 +67,10 @@ func newWorkload(n int) workload {
 	return w
 }
 
-// orderRequest is the body of POST /orders.
+// orderRequest is the body of POST /orders, sent as CustomerID (the order
+// service takes the customer from the token).
 type orderRequest struct {
-	CustomerID    string      `json:"customer_id"`
+	CustomerID    string      `json:"-"`
 	CustomerEmail string      `json:"customer_email,omitempty"`
 	Items         []orderItem `json:"items"`
 }
@@ -141,6 +142,7 @@ type driver struct {
 	credited map[string]int64     // credits per customer that the API accepted
 	credits  map[string]int       // their number
 	stock    map[string]int64     // the stock each SKU received
+	tokens   map[string]string    // a token per customer, made once
 }
 
 func newDriver(sys *system, w workload) *driver {
@@ -155,6 +157,7 @@ func newDriver(sys *system, w workload) *driver {
 		credited: map[string]int64{},
 		credits:  map[string]int{},
 		stock:    map[string]int64{},
+		tokens:   map[string]string{},
 	}
 	sys.t.Cleanup(d.c.close)
 	return d
@@ -214,11 +217,25 @@ func (d *driver) placeNext(ctx context.Context) error {
 	return d.place(ctx, int(d.next.Add(1))-1)
 }
 
+// as is the header of a request by customer: their token.
+func (d *driver) as(customer string) http.Header {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	tok, ok := d.tokens[customer]
+	if !ok {
+		// A token that cannot be signed is sent empty: the 401 says so.
+		tok, _ = d.sys.issuer.Token(auth.TokenRequest{Subject: customer})
+		d.tokens[customer] = tok
+	}
+	return http.Header{"Authorization": {"Bearer " + tok}}
+}
+
 // send sends a request through the retrying client and fails unless the
 // final answer has status want. With repeat set, a successful POST is sent
-// again and must be replayed with the same body.
-func (d *driver) send(ctx context.Context, method, u, key string, body []byte, want int, out any) error {
-	resp, err := d.c.do(ctx, method, u, key, body)
+// again and must be replayed with the same body. Headers in extra are set
+// last (as, for a customer's request); without, the operator sends it.
+func (d *driver) send(ctx context.Context, method, u, key string, body []byte, want int, out any, extra ...http.Header) error {
+	resp, err := d.c.do(ctx, method, u, key, body, extra...)
 	if err != nil {
 		return err
 	}
@@ -229,7 +246,7 @@ func (d *driver) send(ctx context.Context, method, u, key string, body []byte, w
 		d.replays.Add(1)
 	}
 	if d.repeat && method == http.MethodPost {
-		again, err := d.c.do(ctx, method, u, key, body)
+		again, err := d.c.do(ctx, method, u, key, body, extra...)
 		if err != nil {
 			return err
 		}
@@ -248,7 +265,8 @@ func (d *driver) send(ctx context.Context, method, u, key string, body []byte, w
 
 // place places order i.
 func (d *driver) place(ctx context.Context, i int) error {
-	body, err := json.Marshal(d.w.order(d.seed, i))
+	req := d.w.order(d.seed, i)
+	body, err := json.Marshal(req)
 	if err != nil {
 		return err
 	}
@@ -256,7 +274,7 @@ func (d *driver) place(ctx context.Context, i int) error {
 	var o struct {
 		ID uuid.UUID `json:"id"`
 	}
-	if err := d.send(ctx, http.MethodPost, d.sys.url("order")+"/orders", key, body, http.StatusCreated, &o); err != nil {
+	if err := d.send(ctx, http.MethodPost, d.sys.url("order")+"/orders", key, body, http.StatusCreated, &o, d.as(req.CustomerID)); err != nil {
 		return err
 	}
 	d.mu.Lock()

@@ -317,6 +317,20 @@ func (sys *system) token(r auth.TokenRequest) string {
 	return tok
 }
 
+// forgedToken is an operator's token that names the scenario's issuer but
+// is signed by another key.
+func (sys *system) forgedToken() string {
+	forger, err := auth.NewIssuer(sys.t.Context(), auth.IssuerConfig{Issuer: sys.issuerURL})
+	if err != nil {
+		sys.t.Fatalf("e2e: %v", err)
+	}
+	tok, err := forger.Token(auth.TokenRequest{Subject: "e2e-operator", Admin: true})
+	if err != nil {
+		sys.t.Fatalf("e2e: %v", err)
+	}
+	return tok
+}
+
 // dbName is the name of kind's database.
 func (sys *system) dbName(kind string) string { return sys.dbNames[kind] }
 

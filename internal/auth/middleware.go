@@ -62,6 +62,14 @@ func Caller(c echo.Context) (Identity, bool) {
 	return id, ok
 }
 
+// Sees reports whether the request's caller may see customer's resources:
+// it is the customer, or an operator. Handlers answer 404 when it does not,
+// as for a resource that does not exist, so that a stranger cannot tell.
+func Sees(c echo.Context, customer string) bool {
+	id, ok := Caller(c)
+	return ok && (id.Admin || id.Subject == customer)
+}
+
 // RequireAdmin is a 403 unless the request's caller is an operator.
 func RequireAdmin(c echo.Context) error {
 	if id, ok := Caller(c); ok && id.Admin {

@@ -275,7 +275,7 @@ Place an order (the same Idempotency-Key again replays it instead of placing ano
 
   curl -s -X POST %s/orders -H "Authorization: Bearer $ALICE" \
     -H 'Content-Type: application/json' -H 'Idempotency-Key: demo-1' \
-    -d '{"customer_id":"alice","customer_email":"alice@example.com","items":[{"sku":"apple","quantity":3,"unit_price_cents":120}]}'
+    -d '{"customer_email":"alice@example.com","items":[{"sku":"apple","quantity":3,"unit_price_cents":120}]}'
 
 Watch it finish, then look at the effects:
 

@@ -215,8 +215,8 @@ type order struct {
 
 func placeOrder(t *testing.T, e *dev.Env, customer, sku string, quantity, unitPriceCents int) string {
 	t.Helper()
-	body := fmt.Sprintf(`{"customer_id":%q,"customer_email":"%s@example.com","items":[{"sku":%q,"quantity":%d,"unit_price_cents":%d}]}`,
-		customer, customer, sku, quantity, unitPriceCents)
+	body := fmt.Sprintf(`{"customer_email":"%s@example.com","items":[{"sku":%q,"quantity":%d,"unit_price_cents":%d}]}`,
+		customer, sku, quantity, unitPriceCents)
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, e.URL("order")+"/orders", bytes.NewBufferString(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")

@@ -68,7 +68,7 @@ func (o Order) Validate() error {
 	case o.CustomerID == "":
 		return errors.New("missing customer_id")
 	}
-	return nil
+	return CheckCustomerID(o.CustomerID)
 }
 
 // OrderPlacedV1 is the payload of OrderPlaced.

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
 
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/idempotency"
 	"github.com/onceflow/onceflow/internal/postgres"
 )
@@ -62,14 +63,14 @@ func IdempotentWrites(c echo.Context, store *idempotency.Store, body []byte, wri
 func idempotent(c echo.Context, body []byte, do func(context.Context, idempotency.Request) (idempotency.Response, bool, error)) error {
 	req := c.Request()
 	key := req.Header.Get(HeaderIdempotencyKey)
-	switch {
-	case key == "":
-		return BadRequest("the %s header is required", HeaderIdempotencyKey)
-	case len(key) > maxKeyLength:
-		return BadRequest("the %s header is longer than %d bytes", HeaderIdempotencyKey, maxKeyLength)
+	if err := checkKey(key); err != nil {
+		return err
 	}
+	// A key is its caller's: the same key from another subject is another
+	// key, neither replaying nor blocking the first caller's request.
+	caller, _ := auth.Caller(c)
 	resp, replayed, err := do(req.Context(), idempotency.Request{
-		Scope:       req.Method + " " + c.Path(),
+		Scope:       req.Method + " " + c.Path() + " " + caller.Subject,
 		Key:         key,
 		Fingerprint: idempotency.Fingerprint([]byte(req.Method), []byte(req.URL.Path), body),
 	})
@@ -88,6 +89,25 @@ func idempotent(c echo.Context, body []byte, do func(context.Context, idempotenc
 		c.Response().Header().Set(HeaderReplayed, "true")
 	}
 	return c.Blob(resp.Status, c.Response().Header().Get(echo.HeaderContentType), resp.Body)
+}
+
+// checkKey is a 400 problem unless key is 1 to 255 characters of printable
+// ASCII (space to tilde), as the IETF draft's examples and Stripe's keys
+// are: anything else, a byte PostgreSQL's UTF-8 text cannot hold
+// included, is refused before it reaches the database.
+func checkKey(key string) error {
+	switch {
+	case key == "":
+		return BadRequest("the %s header is required", HeaderIdempotencyKey)
+	case len(key) > maxKeyLength:
+		return BadRequest("the %s header is longer than %d bytes", HeaderIdempotencyKey, maxKeyLength)
+	}
+	for i := range len(key) {
+		if key[i] < ' ' || key[i] > '~' {
+			return BadRequest("the %s header must be printable ASCII", HeaderIdempotencyKey)
+		}
+	}
+	return nil
 }
 
 // response is the stored form of a write's answer: v as JSON.

@@ -1,16 +1,17 @@
 package httpapi
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"io"
 	"mime"
 	"net/http"
 
+	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/labstack/echo/v4"
+
+	"github.com/onceflow/onceflow/internal/event"
 )
 
 // MaxBodyBytes bounds every request body; a larger body is a 413.
@@ -33,16 +34,16 @@ func ReadBody(c echo.Context) ([]byte, error) {
 	return body, nil
 }
 
-// Decode strictly decodes one JSON value into v: unknown fields, trailing
-// data and type mismatches are 400 problems.
+// Decode strictly decodes one JSON value into v, as the event layer decodes
+// payloads (encoding/json/v2's rules, see event.Envelope.Decode): member
+// names match exactly, so a name that differs only in case is unknown; an
+// unknown member, a name given twice, invalid UTF-8, trailing data and a
+// type mismatch are 400 problems. encoding/json took the last of two
+// duplicates and matched names case-insensitively: {"amount_cents":1,
+// "AMOUNT_CENTS":5} credited 5.
 func Decode(body []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	if err := jsonv2.Unmarshal(body, v, jsonv2.RejectUnknownMembers(true)); err != nil {
 		return BadRequest("invalid JSON body: %v", err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return BadRequest("invalid JSON body: trailing data after the object")
 	}
 	return nil
 }
@@ -65,7 +66,17 @@ func PathUUID(c echo.Context, name string) (uuid.UUID, error) {
 	return id, nil
 }
 
-// maxIDLength bounds free-form identifiers in paths (customer ids, SKUs).
+// PathCustomer returns the path parameter name as a customer id, or a 400
+// problem when it breaks event.CheckCustomerID.
+func PathCustomer(c echo.Context, name string) (string, error) {
+	v := c.Param(name)
+	if err := event.CheckCustomerID(v); err != nil {
+		return "", BadRequest("%s: %v", name, err)
+	}
+	return v, nil
+}
+
+// maxIDLength bounds free-form identifiers in paths (SKUs).
 const maxIDLength = 128
 
 // PathString returns the path parameter name, or a 400 problem when it is

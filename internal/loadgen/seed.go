@@ -72,9 +72,10 @@ func seed(ctx context.Context, c *client, cfg Config) (*world, error) {
 	return w, nil
 }
 
-// orderRequest is the body of POST /orders.
+// orderRequest is the body of POST /orders, sent as CustomerID: the order
+// service takes the customer from the token.
 type orderRequest struct {
-	CustomerID    string      `json:"customer_id"`
+	CustomerID    string      `json:"-"`
 	CustomerEmail string      `json:"customer_email"`
 	Items         []orderItem `json:"items"`
 }

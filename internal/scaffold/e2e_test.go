@@ -349,8 +349,8 @@ func (s *devSystem) stop(t *testing.T) {
 // tokens dev printed) and returns its id.
 func (s *devSystem) placeOrder(t *testing.T, key, customer, sku string, quantity, unitPriceCents int) string {
 	t.Helper()
-	body := fmt.Sprintf(`{"customer_id":%q,"customer_email":"%s@example.com","items":[{"sku":%q,"quantity":%d,"unit_price_cents":%d}]}`,
-		customer, customer, sku, quantity, unitPriceCents)
+	body := fmt.Sprintf(`{"customer_email":"%s@example.com","items":[{"sku":%q,"quantity":%d,"unit_price_cents":%d}]}`,
+		customer, sku, quantity, unitPriceCents)
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, s.urls["order"]+"/orders", strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
 
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/services/inventory/internal/dbsqlc"
@@ -67,9 +68,10 @@ const (
 func (s *Service) Routes(e *echo.Echo) {
 	e.GET("/openapi.yaml", func(c echo.Context) error { return c.Blob(http.StatusOK, "application/yaml", openAPI) })
 	e.GET("/stock/:sku", s.getStock)
-	e.POST("/stock/:sku/receipts", s.receive)
-	e.POST("/stock/:sku/adjustments", s.adjust)
-	e.PUT("/stock/:sku", s.count)
+	// Stock changes are an operator's; any caller may read a level.
+	e.POST("/stock/:sku/receipts", s.receive, auth.AdminOnly)
+	e.POST("/stock/:sku/adjustments", s.adjust, auth.AdminOnly)
+	e.PUT("/stock/:sku", s.count, auth.AdminOnly)
 }
 
 func (s *Service) getStock(c echo.Context) error {

@@ -39,6 +39,30 @@ func movements(t *testing.T, svc *apptest.Service, sku string) []movement {
 	return got
 }
 
+func TestOnlyOperatorsChangeStock(t *testing.T) {
+	t.Parallel()
+	svc := start(t)
+	resp := svc.Do(t, http.MethodPost, "/stock/apple/receipts", svc.AsAdmin(t, idempotencyKey()), map[string]int64{"quantity": 7}, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	for _, write := range []struct {
+		method, path string
+		body         any
+	}{
+		{http.MethodPost, "/stock/apple/receipts", map[string]int64{"quantity": 1000}},
+		{http.MethodPost, "/stock/apple/adjustments", map[string]any{"delta": -7, "reason": "mine now"}},
+		{http.MethodPut, "/stock/apple", map[string]int64{"available": 0}},
+	} {
+		var p httpapi.Problem
+		resp := svc.Do(t, write.method, write.path, svc.As(t, "mallory", idempotencyKey(), http.Header{"If-Match": {`"1"`}}), write.body, &p)
+		require.Equal(t, http.StatusForbidden, resp.StatusCode, "%s %s", write.method, write.path)
+	}
+	var item inventory.StockItem
+	resp = svc.Do(t, http.MethodGet, "/stock/apple", svc.As(t, "mallory"), nil, &item)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "anyone signed in reads a level")
+	require.Equal(t, int64(7), item.Available)
+}
+
 func TestReceiptsAndAdjustmentsAreALedger(t *testing.T) {
 	t.Parallel()
 	svc := start(t)

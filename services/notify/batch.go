@@ -34,22 +34,23 @@ func (s *Service) HandleOrderMilestoneBatch(ctx context.Context, _ pgx.Tx, evs [
 		return nil
 	}
 	arg := dbsqlc.InsertNotificationsParams{
-		OrderIds:   make([]uuid.UUID, len(evs)),
-		Kinds:      make([]string, len(evs)),
-		Recipients: make([]string, len(evs)),
-		EventIds:   make([]uuid.UUID, len(evs)),
-		MessageIds: make([]string, len(evs)),
-		Subjects:   make([]string, len(evs)),
-		Bodies:     make([]string, len(evs)),
-		Statuses:   make([]string, len(evs)),
-		LastErrors: make([]string, len(evs)),
+		OrderIds:    make([]uuid.UUID, len(evs)),
+		CustomerIds: make([]string, len(evs)),
+		Kinds:       make([]string, len(evs)),
+		Recipients:  make([]string, len(evs)),
+		EventIds:    make([]uuid.UUID, len(evs)),
+		MessageIds:  make([]string, len(evs)),
+		Subjects:    make([]string, len(evs)),
+		Bodies:      make([]string, len(evs)),
+		Statuses:    make([]string, len(evs)),
+		LastErrors:  make([]string, len(evs)),
 	}
 	for i, ev := range evs {
 		n, err := notification(ev)
 		if err != nil {
 			return fmt.Errorf("event %s: %w", ev.ID, err)
 		}
-		arg.OrderIds[i], arg.Kinds[i], arg.Recipients[i] = n.OrderID, n.Kind, n.Recipient
+		arg.OrderIds[i], arg.CustomerIds[i], arg.Kinds[i], arg.Recipients[i] = n.OrderID, n.CustomerID, n.Kind, n.Recipient
 		arg.EventIds[i], arg.MessageIds[i] = n.EventID, n.MessageID
 		arg.Subjects[i], arg.Bodies[i] = n.Subject, n.Body
 		arg.Statuses[i], arg.LastErrors[i] = n.Status, n.LastError

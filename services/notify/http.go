@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
 
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/httpapi"
 )
 
@@ -41,6 +42,11 @@ func (s *Service) listNotifications(c echo.Context) error {
 	rows, err := s.queries.ListNotifications(c.Request().Context(), s.pool, orderID)
 	if err != nil {
 		return fmt.Errorf("list notifications of order %s: %w", orderID, err)
+	}
+	// A customer sees the notifications of their own orders; an order of
+	// someone else's, or one with none yet, does not exist for them.
+	if caller, _ := auth.Caller(c); !caller.Admin && (len(rows) == 0 || !auth.Sees(c, rows[0].CustomerID)) {
+		return httpapi.NotFound("order %s has no notifications of yours", orderID)
 	}
 	out := make([]Notification, len(rows))
 	for i, r := range rows {

@@ -44,6 +44,26 @@ func TestListNotifications(t *testing.T) {
 	}, got)
 }
 
+func TestNotificationsAreTheCustomers(t *testing.T) {
+	t.Parallel()
+	svc, _ := start(t)
+	placed := orderPlaced(t, "olga", "olga@shop.example")
+	svc.Publish(t, placed)
+	requireProcessed(t, svc, 1)
+	path := "/notifications?order_id=" + orderID(t, placed).String()
+
+	var got []notify.Notification
+	resp := svc.Do(t, http.MethodGet, path, svc.As(t, "olga"), nil, &got)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Len(t, got, 1)
+
+	var p httpapi.Problem
+	resp = svc.Do(t, http.MethodGet, path, svc.As(t, "pat"), nil, &p)
+	require.Equal(t, http.StatusNotFound, resp.StatusCode, "another customer's order has none for pat")
+	resp = svc.Do(t, http.MethodGet, "/notifications?order_id="+uuid.NewString(), svc.As(t, "pat"), nil, &p)
+	require.Equal(t, http.StatusNotFound, resp.StatusCode, "as an order that does not exist")
+}
+
 func TestListNotificationsOfAnUnknownOrderIsEmpty(t *testing.T) {
 	t.Parallel()
 	svc, _ := start(t)

@@ -154,15 +154,16 @@ func notification(ev event.Envelope) (dbsqlc.InsertNotificationParams, error) {
 		recipient = addr.Address
 	}
 	return dbsqlc.InsertNotificationParams{
-		OrderID:   o.OrderID,
-		Kind:      kind,
-		Recipient: recipient,
-		EventID:   ev.ID,
-		MessageID: MessageID(ev),
-		Subject:   subject,
-		Body:      body,
-		Status:    status,
-		LastError: lastError,
+		OrderID:    o.OrderID,
+		CustomerID: o.CustomerID,
+		Kind:       kind,
+		Recipient:  recipient,
+		EventID:    ev.ID,
+		MessageID:  MessageID(ev),
+		Subject:    subject,
+		Body:       body,
+		Status:     status,
+		LastError:  lastError,
 	}, nil
 }
 

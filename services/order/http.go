@@ -1,6 +1,7 @@
 package order
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
 
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/internal/outbox"
@@ -37,7 +39,7 @@ const (
 // Bounds of GET /orders.
 const (
 	DefaultListLimit = 50
-	MaxListLimit     = 500
+	MaxListLimit     = 100
 )
 
 // Order is an order as the API shows it.
@@ -68,14 +70,17 @@ type TimelineEntry struct {
 	At      time.Time  `json:"at"`
 }
 
-// OrderList is the response of GET /orders: an object rather than a bare
-// array, so that it can grow (e.g. a cursor) without breaking clients.
+// OrderList is the response of GET /orders: a page of orders, newest
+// first, and the cursor of the next page (pass it as ?next=), empty on the
+// last page.
 type OrderList struct {
 	Orders []Order `json:"orders"`
+	Next   string  `json:"next,omitempty"`
 }
 
+// placeRequest is the body of POST /orders. The customer is the token's
+// subject: a body that names one is refused as an unknown member.
 type placeRequest struct {
-	CustomerID    string        `json:"customer_id"`
 	CustomerEmail string        `json:"customer_email"`
 	Items         []itemRequest `json:"items"`
 }
@@ -104,6 +109,11 @@ func (s *Service) place(c echo.Context) error {
 	if err := httpapi.Decode(body, &req); err != nil {
 		return err
 	}
+	caller, _ := auth.Caller(c)
+	customer := buyer{CustomerID: caller.Subject, CustomerEmail: cmp.Or(req.CustomerEmail, caller.Email)}
+	if err := customer.check(); err != nil {
+		return err
+	}
 	lines, total, err := req.validate()
 	if err != nil {
 		return err
@@ -122,7 +132,7 @@ func (s *Service) place(c echo.Context) error {
 			return 0, nil, fmt.Errorf("new order id: %w", err)
 		}
 		ev, err := event.New(Name, event.OrderPlaced, id.String(), event.OrderPlacedV1{
-			Order:      event.Order{OrderID: id, CustomerID: req.CustomerID, CustomerEmail: req.CustomerEmail},
+			Order:      event.Order{OrderID: id, CustomerID: customer.CustomerID, CustomerEmail: customer.CustomerEmail},
 			Lines:      lines,
 			TotalCents: total,
 		})
@@ -131,8 +141,8 @@ func (s *Service) place(c echo.Context) error {
 		}
 		params := dbsqlc.InsertOrderWithLinesParams{
 			ID:              id,
-			CustomerID:      req.CustomerID,
-			CustomerEmail:   req.CustomerEmail,
+			CustomerID:      customer.CustomerID,
+			CustomerEmail:   customer.CustomerEmail,
 			TotalCents:      total,
 			PlacedEventID:   ev.ID,
 			PlacedEventType: string(ev.Type),
@@ -159,8 +169,8 @@ func (s *Service) place(c echo.Context) error {
 		// stored response and a later GET agree.
 		return http.StatusCreated, Order{
 			ID:            id,
-			CustomerID:    req.CustomerID,
-			CustomerEmail: req.CustomerEmail,
+			CustomerID:    customer.CustomerID,
+			CustomerEmail: customer.CustomerEmail,
 			Status:        StatusPending,
 			TotalCents:    total,
 			Items:         items,
@@ -171,19 +181,29 @@ func (s *Service) place(c echo.Context) error {
 	})
 }
 
-// validate checks everything about the request that does not need the
-// database, and returns its lines and total.
-func (r placeRequest) validate() (event.Lines, int64, error) {
-	if err := httpapi.CheckID("customer_id", r.CustomerID); err != nil {
-		return nil, 0, err
+// buyer is who an order is for: the caller, at the e-mail address the body
+// gives or else the token's.
+type buyer struct{ CustomerID, CustomerEmail string }
+
+// check refuses a subject that cannot be a customer (403: the token is
+// valid, but not for placing orders) and an address that is not a bare one.
+func (o buyer) check() error {
+	if err := event.CheckCustomerID(o.CustomerID); err != nil {
+		return httpapi.NewProblem(http.StatusForbidden, "the token's subject cannot place orders: %v", err)
 	}
-	if r.CustomerEmail != "" {
-		addr, err := mail.ParseAddress(r.CustomerEmail)
+	if o.CustomerEmail != "" {
+		addr, err := mail.ParseAddress(o.CustomerEmail)
 		// Only a bare address: it is what notify sends to.
-		if err != nil || addr.Name != "" || addr.Address != r.CustomerEmail || len(r.CustomerEmail) > maxEmailLength {
-			return nil, 0, httpapi.BadRequest("customer_email %q is not a plain e-mail address", r.CustomerEmail)
+		if err != nil || addr.Name != "" || addr.Address != o.CustomerEmail || len(o.CustomerEmail) > maxEmailLength {
+			return httpapi.BadRequest("customer_email %q is not a plain e-mail address", o.CustomerEmail)
 		}
 	}
+	return nil
+}
+
+// validate checks everything about the request's lines that does not need
+// the database, and returns them and their total.
+func (r placeRequest) validate() (event.Lines, int64, error) {
 	if len(r.Items) == 0 || len(r.Items) > MaxItems {
 		return nil, 0, httpapi.BadRequest("items must have 1 to %d lines", MaxItems)
 	}
@@ -221,7 +241,8 @@ func (s *Service) get(c echo.Context) error {
 	}
 	v, err := s.queries.GetOrderView(c.Request().Context(), s.pool, id)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	case errors.Is(err, pgx.ErrNoRows), err == nil && !auth.Sees(c, v.CustomerID):
+		// Another customer's order is one that does not exist, for the caller.
 		return httpapi.NotFound("order %s does not exist", id)
 	case err != nil:
 		return fmt.Errorf("get order %s: %w", id, err)
@@ -234,32 +255,66 @@ func (s *Service) get(c echo.Context) error {
 }
 
 func (s *Service) list(c echo.Context) error {
-	customerID := c.QueryParam("customer_id")
-	if err := httpapi.CheckID("customer_id", customerID); err != nil {
+	q, err := listQuery(c)
+	if err != nil {
 		return err
 	}
-	limit := DefaultListLimit
-	if v := c.QueryParam("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > MaxListLimit {
-			return httpapi.BadRequest("limit must be an integer between 1 and %d", MaxListLimit)
-		}
-		limit = n
-	}
 	views, err := s.queries.ListCustomerOrderViews(c.Request().Context(), s.pool, dbsqlc.ListCustomerOrderViewsParams{
-		CustomerID: customerID,
-		MaxRows:    int32(limit),
+		CustomerID:      q.customer,
+		BeforeCreatedAt: q.after.createdAt,
+		BeforeID:        q.after.id,
+		MaxRows:         int32(q.limit + 1), // one more: is there a next page?
 	})
 	if err != nil {
-		return fmt.Errorf("list orders of %s: %w", customerID, err)
+		return fmt.Errorf("list orders of %s: %w", q.customer, err)
 	}
-	orders := make([]Order, len(views))
+	var list OrderList
+	if len(views) > q.limit {
+		views = views[:q.limit]
+		last := views[len(views)-1]
+		list.Next = cursor{createdAt: last.CreatedAt, id: last.ID}.String()
+	}
+	list.Orders = make([]Order, len(views))
 	for i, v := range views {
-		if orders[i], err = orderOf(v); err != nil {
+		if list.Orders[i], err = orderOf(v); err != nil {
 			return err
 		}
 	}
-	return c.JSON(http.StatusOK, OrderList{Orders: orders})
+	return c.JSON(http.StatusOK, list)
+}
+
+// ordersQuery is what GET /orders asks for.
+type ordersQuery struct {
+	customer string
+	limit    int
+	after    cursor
+}
+
+// listQuery reads GET /orders' query: the caller's own orders, or an
+// operator's choice of customer_id; a limit; the cursor of a next page.
+func listQuery(c echo.Context) (ordersQuery, error) {
+	caller, _ := auth.Caller(c)
+	q := ordersQuery{customer: cmp.Or(c.QueryParam("customer_id"), caller.Subject), limit: DefaultListLimit, after: firstPage}
+	if err := event.CheckCustomerID(q.customer); err != nil {
+		return q, httpapi.BadRequest("customer_id: %v", err)
+	}
+	if !auth.Sees(c, q.customer) {
+		return q, httpapi.NewProblem(http.StatusForbidden, "only an operator lists another customer's orders")
+	}
+	if v := c.QueryParam("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxListLimit {
+			return q, httpapi.BadRequest("limit must be an integer between 1 and %d", MaxListLimit)
+		}
+		q.limit = n
+	}
+	if v := c.QueryParam("next"); v != "" {
+		var err error
+		if q.after, err = parseCursor(v); err != nil {
+			return q, httpapi.BadRequest("next: %v", err)
+		}
+	}
+	return q, nil
 }
 
 // orderOf is the API's view of an order read from order_views, which reads

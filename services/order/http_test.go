@@ -18,22 +18,25 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/apptest"
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/services/order"
 )
 
-const validBody = `{"customer_id":"alice","customer_email":"alice@example.com","items":[{"sku":"apple","quantity":3,"unit_price_cents":25},{"sku":"pear","quantity":1,"unit_price_cents":0}]}`
+// validBody is an order of alice's: post sends it with her token.
+const validBody = `{"customer_email":"alice@example.com","items":[{"sku":"apple","quantity":3,"unit_price_cents":25},{"sku":"pear","quantity":1,"unit_price_cents":0}]}`
 
-// post sends raw as the body of POST /orders and returns the response and
-// its body. It does not fail the test, so goroutines may call it.
+// post sends raw as the body of POST /orders, as alice unless header has
+// an Authorization, and returns the response and its body. It does not
+// fail the test, so goroutines may call it.
 func post(ctx context.Context, svc *apptest.Service, header http.Header, contentType, raw string) (*http.Response, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, svc.BaseURL+"/orders", strings.NewReader(raw))
 	if err != nil {
 		return nil, nil, err
 	}
 	req.Header.Set("Content-Type", contentType)
-	if err := authorize(req, svc); err != nil {
+	if err := authorize(req, svc, auth.TokenRequest{Subject: "alice"}); err != nil {
 		return nil, nil, err
 	}
 	for k, v := range header {
@@ -91,10 +94,11 @@ func TestPlaceAndGetOrder(t *testing.T) {
 
 	// Without an e-mail address, the field is empty, not missing.
 	var noEmail order.Order
-	resp = svc.Do(t, http.MethodPost, "/orders", svc.AsAdmin(t, key("place-2")), map[string]any{
-		"customer_id": "bob", "items": []map[string]any{{"sku": "apple", "quantity": 1, "unit_price_cents": 5}},
+	resp = svc.Do(t, http.MethodPost, "/orders", svc.As(t, "bob", key("place-2")), map[string]any{
+		"items": []map[string]any{{"sku": "apple", "quantity": 1, "unit_price_cents": 5}},
 	}, &noEmail)
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.Equal(t, "bob", noEmail.CustomerID, "the customer is the token's subject")
 	require.Empty(t, noEmail.CustomerEmail)
 }
 
@@ -121,9 +125,11 @@ func TestListOrders(t *testing.T) {
 		ids = append(ids, place(t, svc, "lister").ID)
 	}
 	other := place(t, svc, "someone-else")
+	slices.Reverse(ids)
 
+	// A customer lists their own orders, newest first.
 	var list order.OrderList
-	resp := svc.Do(t, http.MethodGet, "/orders?customer_id=lister", svc.AsAdmin(t), nil, &list)
+	resp := svc.Do(t, http.MethodGet, "/orders", svc.As(t, "lister"), nil, &list)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	got := make([]uuid.UUID, len(list.Orders))
 	for i, o := range list.Orders {
@@ -131,25 +137,39 @@ func TestListOrders(t *testing.T) {
 		require.Len(t, o.Items, 2)
 		require.Len(t, o.Timeline, 1)
 	}
-	slices.Reverse(ids)
 	require.Equal(t, ids, got, "newest first")
+	require.Empty(t, list.Next, "the last page has no next")
 
-	resp = svc.Do(t, http.MethodGet, "/orders?customer_id=lister&limit=2", svc.AsAdmin(t), nil, &list)
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	require.Len(t, list.Orders, 2)
-	require.Equal(t, ids[:2], []uuid.UUID{list.Orders[0].ID, list.Orders[1].ID})
+	// Page by page, through the opaque cursor.
+	var pages []uuid.UUID
+	next := ""
+	for range len(ids) + 1 {
+		var page order.OrderList
+		resp = svc.Do(t, http.MethodGet, "/orders?limit=2&next="+next, svc.As(t, "lister"), nil, &page)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		for _, o := range page.Orders {
+			pages = append(pages, o.ID)
+		}
+		if next = page.Next; next == "" {
+			break
+		}
+	}
+	require.Equal(t, ids, pages, "every order once, in order, across the pages")
 
+	// An operator names the customer; a customer may not.
 	resp = svc.Do(t, http.MethodGet, "/orders?customer_id=someone-else", svc.AsAdmin(t), nil, &list)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	require.Len(t, list.Orders, 1)
-	require.Equal(t, other.ID, list.Orders[0].ID)
+	require.Equal(t, []uuid.UUID{other.ID}, []uuid.UUID{list.Orders[0].ID})
+	var body json.RawMessage
+	resp = svc.Do(t, http.MethodGet, "/orders?customer_id=someone-else", svc.As(t, "lister"), nil, &body)
+	requireProblem(t, resp, body, http.StatusForbidden)
 
 	var raw map[string]json.RawMessage
-	resp = svc.Do(t, http.MethodGet, "/orders?customer_id=nobody", svc.AsAdmin(t), nil, &raw)
+	resp = svc.Do(t, http.MethodGet, "/orders", svc.As(t, "nobody"), nil, &raw)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.JSONEq(t, `[]`, string(raw["orders"]), "an empty list, not null")
 
-	for _, query := range []string{"", "?customer_id=", "?customer_id=a%20b", "?customer_id=x&limit=0", "?customer_id=x&limit=501", "?customer_id=x&limit=ten", "?customer_id=x&limit=-1"} {
+	for _, query := range []string{"?customer_id=a%20b", "?limit=0", "?limit=101", "?limit=ten", "?limit=-1", "?next=garbage", "?next=" + strings.Repeat("A", 31)} {
 		var body json.RawMessage
 		resp := svc.Do(t, http.MethodGet, "/orders"+query, svc.AsAdmin(t), nil, &body)
 		requireProblem(t, resp, body, http.StatusBadRequest)
@@ -239,7 +259,7 @@ func TestBadInputWritesNothing(t *testing.T) {
 	svc := start(t)
 
 	item := func(fields string) string {
-		return `{"customer_id":"c","items":[` + fields + `]}`
+		return `{"items":[` + fields + `]}`
 	}
 	manyItems := make([]string, order.MaxItems+1)
 	for i := range manyItems {
@@ -253,19 +273,22 @@ func TestBadInputWritesNothing(t *testing.T) {
 		status      int
 	}{
 		{name: "empty body", body: ``},
-		{name: "malformed JSON", body: `{"customer_id":`},
+		{name: "malformed JSON", body: `{"items":`},
 		{name: "not an object", body: `[]`},
 		{name: "trailing data", body: validBody + `{}`},
-		{name: "unknown field", body: `{"customer_id":"c","items":[{"sku":"a","quantity":1,"unit_price_cents":1}],"discount":5}`},
+		{name: "unknown field", body: `{"items":[{"sku":"a","quantity":1,"unit_price_cents":1}],"discount":5}`},
 		{name: "unknown item field", body: item(`{"sku":"a","quantity":1,"unit_price_cents":1,"color":"red"}`)},
-		{name: "missing customer_id", body: `{"items":[{"sku":"a","quantity":1,"unit_price_cents":1}]}`},
-		{name: "customer_id with a space", body: `{"customer_id":"a b","items":[{"sku":"a","quantity":1,"unit_price_cents":1}]}`},
-		{name: "customer_id too long", body: `{"customer_id":"` + strings.Repeat("c", 129) + `","items":[{"sku":"a","quantity":1,"unit_price_cents":1}]}`},
-		{name: "customer_id not a string", body: `{"customer_id":7,"items":[{"sku":"a","quantity":1,"unit_price_cents":1}]}`},
-		{name: "malformed e-mail", body: `{"customer_id":"c","customer_email":"not-an-address","items":[{"sku":"a","quantity":1,"unit_price_cents":1}]}`},
-		{name: "e-mail with a display name", body: `{"customer_id":"c","customer_email":"Bob <bob@example.com>","items":[{"sku":"a","quantity":1,"unit_price_cents":1}]}`},
-		{name: "missing items", body: `{"customer_id":"c"}`},
-		{name: "null items", body: `{"customer_id":"c","items":null}`},
+		{name: "a customer_id (the token says who)", body: `{"customer_id":"alice","items":[{"sku":"a","quantity":1,"unit_price_cents":1}]}`},
+		{name: "someone else's customer_id", body: `{"customer_id":"bob","items":[{"sku":"a","quantity":1,"unit_price_cents":1}]}`},
+		{name: "duplicate key", body: `{"customer_email":"alice@example.com","customer_email":"mallory@example.com","items":[{"sku":"a","quantity":1,"unit_price_cents":1}]}`},
+		{name: "duplicate item key", body: item(`{"sku":"a","quantity":1,"quantity":1000,"unit_price_cents":1}`)},
+		{name: "case-folded key", body: `{"ITEMS":[{"sku":"a","quantity":1,"unit_price_cents":1}]}`},
+		{name: "case-folded item key", body: item(`{"sku":"a","Quantity":1,"unit_price_cents":1}`)},
+		{name: "invalid UTF-8", body: "{\"customer_email\":\"a\xffb@example.com\",\"items\":[{\"sku\":\"a\",\"quantity\":1,\"unit_price_cents\":1}]}"},
+		{name: "malformed e-mail", body: `{"customer_email":"not-an-address","items":[{"sku":"a","quantity":1,"unit_price_cents":1}]}`},
+		{name: "e-mail with a display name", body: `{"customer_email":"Bob <bob@example.com>","items":[{"sku":"a","quantity":1,"unit_price_cents":1}]}`},
+		{name: "missing items", body: `{"customer_email":"a@example.com"}`},
+		{name: "null items", body: `{"items":null}`},
 		{name: "empty items", body: item(``)},
 		{name: "too many items", body: item(strings.Join(manyItems, ","))},
 		{name: "missing sku", body: item(`{"quantity":1,"unit_price_cents":1}`)},
@@ -282,7 +305,7 @@ func TestBadInputWritesNothing(t *testing.T) {
 		{name: "negative price", body: item(`{"sku":"a","quantity":1,"unit_price_cents":-1}`)},
 		{name: "line total overflows", body: item(`{"sku":"a","quantity":3,"unit_price_cents":4611686018427387904}`)},
 		{name: "order total overflows", body: item(`{"sku":"a","quantity":1,"unit_price_cents":9223372036854775807},{"sku":"b","quantity":1,"unit_price_cents":1}`)},
-		{name: "body too large", body: `{"customer_id":"c","customer_email":"` + strings.Repeat("x", httpapi.MaxBodyBytes) + `"}`, status: http.StatusRequestEntityTooLarge},
+		{name: "body too large", body: `{"customer_email":"` + strings.Repeat("x", httpapi.MaxBodyBytes) + `"}`, status: http.StatusRequestEntityTooLarge},
 		{name: "not JSON", contentType: "text/plain", body: validBody, status: http.StatusUnsupportedMediaType},
 		{name: "no Idempotency-Key", body: validBody, noKey: true},
 	}

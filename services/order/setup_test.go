@@ -41,8 +41,7 @@ func startOrder(t *testing.T, base order.Config, configure ...func(*app.Config))
 func place(t *testing.T, svc *apptest.Service, customer string) order.Order {
 	t.Helper()
 	var o order.Order
-	resp := svc.Do(t, http.MethodPost, "/orders", svc.AsAdmin(t, key(uuid.NewString())), map[string]any{
-		"customer_id":    customer,
+	resp := svc.Do(t, http.MethodPost, "/orders", svc.As(t, customer, key(uuid.NewString())), map[string]any{
 		"customer_email": customer + "@example.com",
 		"items": []map[string]any{
 			{"sku": "apple", "quantity": 2, "unit_price_cents": 250},
@@ -56,10 +55,10 @@ func place(t *testing.T, svc *apptest.Service, customer string) order.Order {
 
 func key(k string) http.Header { return http.Header{"Idempotency-Key": {k}} }
 
-// authorize gives req an operator's token, without failing the test, for
-// the helpers that goroutines call.
-func authorize(req *http.Request, svc *apptest.Service) error {
-	tok, err := svc.Issuer.Token(auth.TokenRequest{Subject: "operator", Admin: true})
+// authorize gives req a token for r, without failing the test, for the
+// helpers that goroutines call.
+func authorize(req *http.Request, svc *apptest.Service, r auth.TokenRequest) error {
+	tok, err := svc.Issuer.Token(r)
 	if err != nil {
 		return err
 	}
@@ -128,7 +127,7 @@ func fetch(ctx context.Context, svc *apptest.Service, id uuid.UUID) (order.Order
 	if err != nil {
 		return order.Order{}, err
 	}
-	if err := authorize(req, svc); err != nil {
+	if err := authorize(req, svc, auth.TokenRequest{Subject: "operator", Admin: true}); err != nil {
 		return order.Order{}, err
 	}
 	resp, err := http.DefaultClient.Do(req)

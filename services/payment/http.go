@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
 
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/services/payment/internal/dbsqlc"
@@ -36,13 +37,18 @@ const maxCreditCents = 1_000_000_000_00
 func (s *Service) Routes(e *echo.Echo) {
 	e.GET("/openapi.yaml", func(c echo.Context) error { return c.Blob(http.StatusOK, "application/yaml", openAPI) })
 	e.GET("/wallets/:customer_id", s.getWallet)
-	e.POST("/wallets/:customer_id/credits", s.credit)
+	e.POST("/wallets/:customer_id/credits", s.credit, auth.AdminOnly)
 }
 
+// getWallet shows a wallet to its owner and to operators; to anyone else
+// it does not exist.
 func (s *Service) getWallet(c echo.Context) error {
-	customerID, err := httpapi.PathString(c, "customer_id")
+	customerID, err := httpapi.PathCustomer(c, "customer_id")
 	if err != nil {
 		return err
+	}
+	if !auth.Sees(c, customerID) {
+		return httpapi.NotFound("wallet %s does not exist", customerID)
 	}
 	w, err := s.queries.GetWallet(c.Request().Context(), s.pool, customerID)
 	switch {
@@ -54,8 +60,9 @@ func (s *Service) getWallet(c echo.Context) error {
 	return c.JSON(http.StatusOK, Wallet{CustomerID: w.CustomerID, BalanceCents: w.BalanceCents})
 }
 
+// credit credits a wallet: an operator's act (AdminOnly).
 func (s *Service) credit(c echo.Context) error {
-	customerID, err := httpapi.PathString(c, "customer_id")
+	customerID, err := httpapi.PathCustomer(c, "customer_id")
 	if err != nil {
 		return err
 	}

@@ -81,6 +81,13 @@ func TestBadCreditRequestsWriteNothing(t *testing.T) {
 		{"oversized", "/wallets/hal/credits", key, []byte(`{"amount_cents":5,"x":"` + strings.Repeat("a", 70<<10) + `"}`), http.StatusRequestEntityTooLarge},
 		{"customer id too long", "/wallets/" + strings.Repeat("h", 200) + "/credits", key, []byte(`{"amount_cents":5}`), http.StatusBadRequest},
 		{"key too long", "/wallets/hal/credits", http.Header{"Idempotency-Key": {strings.Repeat("k", 300)}}, []byte(`{"amount_cents":5}`), http.StatusBadRequest},
+		{"key not ASCII", "/wallets/hal/credits", http.Header{"Idempotency-Key": {"k\xff"}}, []byte(`{"amount_cents":5}`), http.StatusBadRequest},
+		// encoding/json took the last duplicate and matched names in any
+		// case: these credited 5 and 7.
+		{"duplicate key", "/wallets/hal/credits", key, []byte(`{"amount_cents":1,"amount_cents":5}`), http.StatusBadRequest},
+		{"case-folded key", "/wallets/hal/credits", key, []byte(`{"AMOUNT_CENTS":7}`), http.StatusBadRequest},
+		{"case-folded duplicate", "/wallets/hal/credits", key, []byte(`{"amount_cents":1,"Amount_Cents":5}`), http.StatusBadRequest},
+		{"customer id notify cannot address", "/wallets/a%20b/credits", key, []byte(`{"amount_cents":5}`), http.StatusBadRequest},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -94,6 +101,31 @@ func TestBadCreditRequestsWriteNothing(t *testing.T) {
 		`SELECT (SELECT count(*) FROM wallets), (SELECT count(*) FROM wallet_credits), (SELECT count(*) FROM idempotency_keys)`).
 		Scan(&wallets, &credits, &keys))
 	require.Zero(t, wallets+credits+keys, "a refused request writes nothing")
+}
+
+func TestOnlyOperatorsCreditAndOwnersRead(t *testing.T) {
+	t.Parallel()
+	svc := start(t)
+	credit(t, svc, "ivy", 300)
+
+	var w payment.Wallet
+	resp := svc.Do(t, http.MethodGet, "/wallets/ivy", svc.As(t, "ivy"), nil, &w)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, int64(300), w.BalanceCents)
+
+	var p httpapi.Problem
+	resp = svc.Do(t, http.MethodGet, "/wallets/ivy", svc.As(t, "mallory"), nil, &p)
+	require.Equal(t, http.StatusNotFound, resp.StatusCode, "another customer's wallet does not exist for them")
+	for _, who := range []string{"ivy", "mallory"} {
+		resp = svc.Do(t, http.MethodPost, "/wallets/"+who+"/credits", svc.As(t, who, http.Header{"Idempotency-Key": {"k-" + who}}),
+			map[string]int64{"amount_cents": 100_000_000_00}, &p)
+		require.Equal(t, http.StatusForbidden, resp.StatusCode, "%s credits %s", who, who)
+		require.Equal(t, httpapi.ContentTypeProblem, resp.Header.Get("Content-Type"))
+	}
+	require.Equal(t, int64(300), balance(t, svc, "ivy"))
+	var keys int
+	require.NoError(t, svc.DB.Pool.QueryRow(t.Context(), `SELECT count(*) FROM idempotency_keys`).Scan(&keys))
+	require.Equal(t, 1, keys, "only the operator's credit")
 }
 
 func TestUnknownWalletHasZeroBalance(t *testing.T) {

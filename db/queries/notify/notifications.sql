@@ -2,8 +2,8 @@
 -- No row is written when the milestone of the order already has its e-mail
 -- (UNIQUE (order_id, kind): the same milestone re-emitted under a new event
 -- id) or the event already caused one (UNIQUE event_id).
-INSERT INTO notifications (order_id, kind, recipient, event_id, message_id, subject, body, status, last_error)
-VALUES (@order_id, @kind, @recipient, @event_id, @message_id, @subject, @body, @status, @last_error)
+INSERT INTO notifications (order_id, customer_id, kind, recipient, event_id, message_id, subject, body, status, last_error)
+VALUES (@order_id, @customer_id, @kind, @recipient, @event_id, @message_id, @subject, @body, @status, @last_error)
 ON CONFLICT DO NOTHING;
 
 -- name: InsertNotifications :execrows
@@ -12,18 +12,18 @@ ON CONFLICT DO NOTHING;
 -- BY), so ids are assigned as one InsertNotification per row in that order
 -- would, and a row that conflicts with an earlier row of the same statement
 -- is skipped like one that conflicts with a committed row: the first wins.
-INSERT INTO notifications (order_id, kind, recipient, event_id, message_id, subject, body, status, last_error)
-SELECT r.order_id, r.kind, r.recipient, r.event_id, r.message_id, r.subject, r.body, r.status, r.last_error
+INSERT INTO notifications (order_id, customer_id, kind, recipient, event_id, message_id, subject, body, status, last_error)
+SELECT r.order_id, r.customer_id, r.kind, r.recipient, r.event_id, r.message_id, r.subject, r.body, r.status, r.last_error
 FROM ROWS FROM (
-        unnest(@order_ids::uuid[]), unnest(@kinds::text[]), unnest(@recipients::text[]),
+        unnest(@order_ids::uuid[]), unnest(@customer_ids::text[]), unnest(@kinds::text[]), unnest(@recipients::text[]),
         unnest(@event_ids::uuid[]), unnest(@message_ids::text[]), unnest(@subjects::text[]),
         unnest(@bodies::text[]), unnest(@statuses::text[]), unnest(@last_errors::text[])
-    ) WITH ORDINALITY AS r (order_id, kind, recipient, event_id, message_id, subject, body, status, last_error, ord)
+    ) WITH ORDINALITY AS r (order_id, customer_id, kind, recipient, event_id, message_id, subject, body, status, last_error, ord)
 ORDER BY r.ord
 ON CONFLICT DO NOTHING;
 
 -- name: ListNotifications :many
-SELECT order_id, kind, recipient, status, event_id
+SELECT order_id, customer_id, kind, recipient, status, event_id
 FROM notifications
 WHERE order_id = @order_id
 ORDER BY id;

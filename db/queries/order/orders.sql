@@ -37,10 +37,13 @@ SET status = @status, updated_at = now()
 WHERE id = @id;
 
 -- name: ListCustomerOrderViews :many
--- A customer's orders, newest first.
+-- A customer's orders, newest first, from the first one older than the
+-- cursor (@before_created_at, @before_id): a keyset page, which reads the
+-- customer's index from the cursor on however deep the page.
 SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at, items, timeline
 FROM order_views
 WHERE customer_id = @customer_id
+  AND (created_at, id) < (@before_created_at::timestamptz, @before_id::uuid)
 ORDER BY created_at DESC, id DESC
 LIMIT @max_rows;
 

@@ -64,21 +64,22 @@ func (q *Queries) ClaimDueNotifications(ctx context.Context, db DBTX, maxRows in
 }
 
 const insertNotification = `-- name: InsertNotification :execrows
-INSERT INTO notifications (order_id, kind, recipient, event_id, message_id, subject, body, status, last_error)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+INSERT INTO notifications (order_id, customer_id, kind, recipient, event_id, message_id, subject, body, status, last_error)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 ON CONFLICT DO NOTHING
 `
 
 type InsertNotificationParams struct {
-	OrderID   uuid.UUID
-	Kind      string
-	Recipient string
-	EventID   uuid.UUID
-	MessageID string
-	Subject   string
-	Body      string
-	Status    string
-	LastError string
+	OrderID    uuid.UUID
+	CustomerID string
+	Kind       string
+	Recipient  string
+	EventID    uuid.UUID
+	MessageID  string
+	Subject    string
+	Body       string
+	Status     string
+	LastError  string
 }
 
 // No row is written when the milestone of the order already has its e-mail
@@ -87,6 +88,7 @@ type InsertNotificationParams struct {
 func (q *Queries) InsertNotification(ctx context.Context, db DBTX, arg InsertNotificationParams) (int64, error) {
 	result, err := db.Exec(ctx, insertNotification,
 		arg.OrderID,
+		arg.CustomerID,
 		arg.Kind,
 		arg.Recipient,
 		arg.EventID,
@@ -103,27 +105,28 @@ func (q *Queries) InsertNotification(ctx context.Context, db DBTX, arg InsertNot
 }
 
 const insertNotifications = `-- name: InsertNotifications :execrows
-INSERT INTO notifications (order_id, kind, recipient, event_id, message_id, subject, body, status, last_error)
-SELECT r.order_id, r.kind, r.recipient, r.event_id, r.message_id, r.subject, r.body, r.status, r.last_error
+INSERT INTO notifications (order_id, customer_id, kind, recipient, event_id, message_id, subject, body, status, last_error)
+SELECT r.order_id, r.customer_id, r.kind, r.recipient, r.event_id, r.message_id, r.subject, r.body, r.status, r.last_error
 FROM ROWS FROM (
-        unnest($1::uuid[]), unnest($2::text[]), unnest($3::text[]),
-        unnest($4::uuid[]), unnest($5::text[]), unnest($6::text[]),
-        unnest($7::text[]), unnest($8::text[]), unnest($9::text[])
-    ) WITH ORDINALITY AS r (order_id, kind, recipient, event_id, message_id, subject, body, status, last_error, ord)
+        unnest($1::uuid[]), unnest($2::text[]), unnest($3::text[]), unnest($4::text[]),
+        unnest($5::uuid[]), unnest($6::text[]), unnest($7::text[]),
+        unnest($8::text[]), unnest($9::text[]), unnest($10::text[])
+    ) WITH ORDINALITY AS r (order_id, customer_id, kind, recipient, event_id, message_id, subject, body, status, last_error, ord)
 ORDER BY r.ord
 ON CONFLICT DO NOTHING
 `
 
 type InsertNotificationsParams struct {
-	OrderIds   []uuid.UUID
-	Kinds      []string
-	Recipients []string
-	EventIds   []uuid.UUID
-	MessageIds []string
-	Subjects   []string
-	Bodies     []string
-	Statuses   []string
-	LastErrors []string
+	OrderIds    []uuid.UUID
+	CustomerIds []string
+	Kinds       []string
+	Recipients  []string
+	EventIds    []uuid.UUID
+	MessageIds  []string
+	Subjects    []string
+	Bodies      []string
+	Statuses    []string
+	LastErrors  []string
 }
 
 // InsertNotification for a batch, in one statement; the arrays run in
@@ -134,6 +137,7 @@ type InsertNotificationsParams struct {
 func (q *Queries) InsertNotifications(ctx context.Context, db DBTX, arg InsertNotificationsParams) (int64, error) {
 	result, err := db.Exec(ctx, insertNotifications,
 		arg.OrderIds,
+		arg.CustomerIds,
 		arg.Kinds,
 		arg.Recipients,
 		arg.EventIds,
@@ -150,18 +154,19 @@ func (q *Queries) InsertNotifications(ctx context.Context, db DBTX, arg InsertNo
 }
 
 const listNotifications = `-- name: ListNotifications :many
-SELECT order_id, kind, recipient, status, event_id
+SELECT order_id, customer_id, kind, recipient, status, event_id
 FROM notifications
 WHERE order_id = $1
 ORDER BY id
 `
 
 type ListNotificationsRow struct {
-	OrderID   uuid.UUID
-	Kind      string
-	Recipient string
-	Status    string
-	EventID   uuid.UUID
+	OrderID    uuid.UUID
+	CustomerID string
+	Kind       string
+	Recipient  string
+	Status     string
+	EventID    uuid.UUID
 }
 
 func (q *Queries) ListNotifications(ctx context.Context, db DBTX, orderID uuid.UUID) ([]ListNotificationsRow, error) {
@@ -175,6 +180,7 @@ func (q *Queries) ListNotifications(ctx context.Context, db DBTX, orderID uuid.U
 		var i ListNotificationsRow
 		if err := rows.Scan(
 			&i.OrderID,
+			&i.CustomerID,
 			&i.Kind,
 			&i.Recipient,
 			&i.Status,

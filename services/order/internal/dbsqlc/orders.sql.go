@@ -103,18 +103,28 @@ const listCustomerOrderViews = `-- name: ListCustomerOrderViews :many
 SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at, items, timeline
 FROM order_views
 WHERE customer_id = $1
+  AND (created_at, id) < ($2::timestamptz, $3::uuid)
 ORDER BY created_at DESC, id DESC
-LIMIT $2
+LIMIT $4
 `
 
 type ListCustomerOrderViewsParams struct {
-	CustomerID string
-	MaxRows    int32
+	CustomerID      string
+	BeforeCreatedAt time.Time
+	BeforeID        uuid.UUID
+	MaxRows         int32
 }
 
-// A customer's orders, newest first.
+// A customer's orders, newest first, from the first one older than the
+// cursor (@before_created_at, @before_id): a keyset page, which reads the
+// customer's index from the cursor on however deep the page.
 func (q *Queries) ListCustomerOrderViews(ctx context.Context, db DBTX, arg ListCustomerOrderViewsParams) ([]OrderView, error) {
-	rows, err := db.Query(ctx, listCustomerOrderViews, arg.CustomerID, arg.MaxRows)
+	rows, err := db.Query(ctx, listCustomerOrderViews,
+		arg.CustomerID,
+		arg.BeforeCreatedAt,
+		arg.BeforeID,
+		arg.MaxRows,
+	)
 	if err != nil {
 		return nil, err
 	}
