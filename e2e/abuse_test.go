@@ -31,7 +31,7 @@ type abuse struct {
 // validOrder is a well-formed order body with the given SKU quantity; the
 // customer is the token's.
 func validOrder(quantity int) string {
-	return fmt.Sprintf(`{"items":[{"sku":"sku-00","quantity":%d,"unit_price_cents":100}]}`, quantity)
+	return fmt.Sprintf(`{"items":[{"sku":"sku-00","quantity":%d}]}`, quantity)
 }
 
 func abuses(d *driver) []abuse {
@@ -40,7 +40,7 @@ func abuses(d *driver) []abuse {
 	customer := d.as("rich-00")
 	items := make([]string, 101)
 	for i := range items {
-		items[i] = fmt.Sprintf(`{"sku":"s%d","quantity":1,"unit_price_cents":1}`, i)
+		items[i] = fmt.Sprintf(`{"sku":"s%d","quantity":1}`, i)
 	}
 	order := func(name, body string) abuse {
 		return abuse{name: name, kind: "order", method: http.MethodPost, path: "/orders", key: "abuse-" + uuid.NewString(), body: body, want: http.StatusBadRequest}
@@ -73,10 +73,10 @@ func abuses(d *driver) []abuse {
 		{name: "oversized header", kind: "order", method: http.MethodPost, path: "/orders", key: "abuse-hdr",
 			header: http.Header{"X-Junk": {strings.Repeat("j", 2<<20)}}, body: validOrder(1), want: http.StatusRequestHeaderFieldsTooLarge},
 		order("truncated JSON", `{"items":[`),
-		order("unknown field", `{"admin":true,"items":[{"sku":"sku-00","quantity":1,"unit_price_cents":1}]}`),
-		order("a customer_id (the token says who)", `{"customer_id":"rich-01","items":[{"sku":"sku-00","quantity":1,"unit_price_cents":1}]}`),
-		order("duplicate key", `{"items":[{"sku":"sku-00","quantity":1,"unit_price_cents":1}],"items":[]}`),
-		order("case-folded key", `{"Items":[{"sku":"sku-00","quantity":1,"unit_price_cents":1}]}`),
+		order("unknown field", `{"admin":true,"items":[{"sku":"sku-00","quantity":1}]}`),
+		order("a customer_id (the token says who)", `{"customer_id":"rich-01","items":[{"sku":"sku-00","quantity":1}]}`),
+		order("duplicate key", `{"items":[{"sku":"sku-00","quantity":1}],"items":[]}`),
+		order("case-folded key", `{"Items":[{"sku":"sku-00","quantity":1}]}`),
 		order("trailing data", validOrder(1)+`{}`),
 		order("top-level array", `[]`),
 		order("null", `null`),
@@ -86,14 +86,15 @@ func abuses(d *driver) []abuse {
 		order("zero quantity", validOrder(0)),
 		order("negative quantity", validOrder(-1)),
 		order("quantity over the limit", validOrder(1_000_001)),
-		order("quantity overflowing int64", `{"items":[{"sku":"sku-00","quantity":1e30,"unit_price_cents":1}]}`),
-		order("missing price", `{"items":[{"sku":"sku-00","quantity":1}]}`),
-		order("negative price", `{"items":[{"sku":"sku-00","quantity":1,"unit_price_cents":-1}]}`),
-		order("total overflowing int64", `{"items":[{"sku":"sku-00","quantity":1000000,"unit_price_cents":9000000000000000000}]}`),
-		order("same SKU twice", `{"items":[{"sku":"sku-00","quantity":1,"unit_price_cents":1},{"sku":"sku-00","quantity":1,"unit_price_cents":1}]}`),
-		order("NUL in a SKU", `{"items":[{"sku":"sku\u0000","quantity":1,"unit_price_cents":1}]}`),
-		order("display-name e-mail", `{"customer_email":"Eve <eve@example.test>","items":[{"sku":"sku-00","quantity":1,"unit_price_cents":1}]}`),
-		order("not an e-mail", `{"customer_email":"eve","items":[{"sku":"sku-00","quantity":1,"unit_price_cents":1}]}`),
+		order("quantity overflowing int64", `{"items":[{"sku":"sku-00","quantity":1e30}]}`),
+		order("a price of the client's", `{"items":[{"sku":"sku-00","quantity":1,"unit_price_cents":0}]}`),
+		order("a total overflowing int64", `{"items":[{"sku":"sku-00","quantity":1000000,"unit_price_cents":9000000000000000000}]}`),
+		{name: "a SKU not in the catalog", kind: "order", method: http.MethodPost, path: "/orders", key: "abuse-kiwi", body: `{"items":[{"sku":"kiwi","quantity":1}]}`, want: http.StatusUnprocessableEntity},
+		{name: "a customer sets a price", kind: "order", method: http.MethodPut, path: "/products/sku-00", header: customer, body: `{"unit_price_cents":1}`, want: http.StatusForbidden},
+		order("same SKU twice", `{"items":[{"sku":"sku-00","quantity":1},{"sku":"sku-00","quantity":1}]}`),
+		order("NUL in a SKU", `{"items":[{"sku":"sku\u0000","quantity":1}]}`),
+		order("display-name e-mail", `{"customer_email":"Eve <eve@example.test>","items":[{"sku":"sku-00","quantity":1}]}`),
+		order("not an e-mail", `{"customer_email":"eve","items":[{"sku":"sku-00","quantity":1}]}`),
 		order("nesting bomb", `{"items":`+strings.Repeat("[", 20_000)+strings.Repeat("]", 20_000)+`}`),
 		get("order id not a UUID", "order", "/orders/not-a-uuid", http.StatusBadRequest),
 		get("unknown order", "order", "/orders/"+uuid.NewString(), http.StatusNotFound),
@@ -135,6 +136,7 @@ func (sys *system) writes(ctx context.Context) (string, error) {
 		{"order", `SELECT count(*) FROM orders`},
 		{"order", `SELECT count(*) FROM outbox`},
 		{"order", `SELECT count(*) FROM idempotency_keys`},
+		{"order", `SELECT coalesce(sum(unit_price_cents), 0)::bigint FROM products`},
 		{"payment", `SELECT count(*) FROM wallet_credits`},
 		{"payment", `SELECT coalesce(sum(balance_cents), 0)::bigint FROM wallets`},
 		{"payment", `SELECT count(*) FROM idempotency_keys`},

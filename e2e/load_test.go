@@ -76,9 +76,8 @@ type orderRequest struct {
 }
 
 type orderItem struct {
-	SKU            string `json:"sku"`
-	Quantity       int64  `json:"quantity"`
-	UnitPriceCents int64  `json:"unit_price_cents"`
+	SKU      string `json:"sku"`
+	Quantity int64  `json:"quantity"`
 }
 
 // order returns the i-th order of the workload: the same every time.
@@ -103,7 +102,7 @@ func (w workload) order(seed uint64, i int) orderRequest {
 	add := func(sku string) {
 		if !used[sku] {
 			used[sku] = true
-			req.Items = append(req.Items, orderItem{SKU: sku, Quantity: 1 + rng.Int64N(3), UnitPriceCents: 100 + rng.Int64N(1100)})
+			req.Items = append(req.Items, orderItem{SKU: sku, Quantity: 1 + rng.Int64N(3)})
 		}
 	}
 	for range 1 + rng.IntN(3) {
@@ -181,7 +180,18 @@ func (d *driver) seedData(ctx context.Context) error {
 	for _, s := range d.w.skus {
 		g.Go(func() error { return d.setStock(ctx, s.sku, s.stock) })
 	}
+	// Every SKU is in the catalog, the one inventory never stocks too:
+	// its orders are placed and then cancelled for stock.
+	for i, s := range append(d.w.skus, stockLevel{sku: d.w.unknownSKU}) {
+		g.Go(func() error { return d.setPrice(ctx, s.sku, int64(100+i*137%1100)) })
+	}
 	return g.Wait()
+}
+
+// setPrice puts sku in the order service's catalog at cents.
+func (d *driver) setPrice(ctx context.Context, sku string, cents int64) error {
+	u := d.sys.url("order") + "/products/" + url.PathEscape(sku)
+	return d.send(ctx, http.MethodPut, u, "", fmt.Appendf(nil, `{"unit_price_cents":%d}`, cents), http.StatusOK, nil)
 }
 
 // credit credits a wallet through the instance-th payment instance (modulo

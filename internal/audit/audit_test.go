@@ -55,7 +55,7 @@ func TestAudit(t *testing.T) {
 		require.Equal(t, map[string]int64{"CONFIRMED": 2, "REJECTED": 1, "CANCELLED": 1}, orders.Figure("orders by status"))
 		money, _ := report.Find(audit.CheckMoney)
 		require.Equal(t, int64(105_000), money.Figure("credited cents"))
-		require.Equal(t, int64(360+330), money.Figure("debited cents (not refunded)"))
+		require.Equal(t, int64(360+1240), money.Figure("debited cents (not refunded)"))
 		require.Equal(t, int64(500), money.Figure("refunded cents"))
 		require.Equal(t, int64(0), money.Figure("balances + debited - credited"))
 		consumers, _ := report.Find(audit.CheckConsumers)
@@ -417,10 +417,11 @@ func startSaga(t *testing.T) *saga {
 	// service publishes the poison below.
 	s.js, s.payment = connectAs(t, e, natsauth.Admin), connectAs(t, e, "payment")
 
-	s.confirmed = placeOrder(t, e, "alice", `{"sku":"apple","quantity":3,"unit_price_cents":120}`)
-	s.rejected = placeOrder(t, e, "bob", `{"sku":"pear","quantity":10,"unit_price_cents":1000}`) // 10000 > 5000
-	s.cancelled = placeOrder(t, e, "alice", `{"sku":"plum","quantity":1,"unit_price_cents":500}`)
-	placeOrder(t, e, "alice", `{"sku":"apple","quantity":2,"unit_price_cents":120},{"sku":"pear","quantity":1,"unit_price_cents":90}`)
+	// At the seeded catalog's prices: apple 120, pear 1000, plum 500.
+	s.confirmed = placeOrder(t, e, "alice", `{"sku":"apple","quantity":3}`)
+	s.rejected = placeOrder(t, e, "bob", `{"sku":"pear","quantity":10}`) // 10000 > 5000
+	s.cancelled = placeOrder(t, e, "alice", `{"sku":"plum","quantity":1}`)
+	placeOrder(t, e, "alice", `{"sku":"apple","quantity":2},{"sku":"pear","quantity":1}`)
 	require.NoError(t, s.dbs["order"].QueryRow(t.Context(),
 		`SELECT event_id FROM order_timeline WHERE order_id = $1 AND event_type = 'onceflow.order.placed.v1'`, s.confirmed).Scan(&s.confirmedPlaced))
 	return s

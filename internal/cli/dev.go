@@ -260,22 +260,26 @@ func printTokens(w io.Writer, e *dev.Env) {
 
 // printSeeded says what Seed wrote and how to place an order.
 func printSeeded(w io.Writer, e *dev.Env, seeded dev.Seeded) {
-	var wallets, stock []string
+	var wallets, stock, prices []string
 	for _, wl := range seeded.Wallets {
 		wallets = append(wallets, fmt.Sprintf("%s %d cents", wl.CustomerID, wl.BalanceCents))
 	}
 	for _, s := range seeded.Stock {
 		stock = append(stock, fmt.Sprintf("%s %d", s.SKU, s.Available))
 	}
+	for _, p := range seeded.Products {
+		prices = append(prices, fmt.Sprintf("%s %d cents", p.SKU, p.UnitPriceCents))
+	}
 	fmt.Fprintf(w, `
 Seeded wallets: %s.
 Seeded stock:   %s.
+Seeded prices:  %s (the catalog: GET %s/products).
 
 Place an order (the same Idempotency-Key again replays it instead of placing another):
 
   curl -s -X POST %s/orders -H "Authorization: Bearer $ALICE" \
     -H 'Content-Type: application/json' -H 'Idempotency-Key: demo-1' \
-    -d '{"customer_email":"alice@example.com","items":[{"sku":"apple","quantity":3,"unit_price_cents":120}]}'
+    -d '{"customer_email":"alice@example.com","items":[{"sku":"apple","quantity":3}]}'
 
 Watch it finish, then look at the effects:
 
@@ -284,6 +288,6 @@ Watch it finish, then look at the effects:
   curl -s -H "Authorization: Bearer $ALICE" %s/stock/apple
   curl -s -H "Authorization: Bearer $ALICE" '%s/notifications?order_id=ORDER_ID'
 
-`, strings.Join(wallets, ", "), strings.Join(stock, ", "),
+`, strings.Join(wallets, ", "), strings.Join(stock, ", "), strings.Join(prices, ", "), e.URL(order.Name),
 		e.URL(order.Name), e.URL(order.Name), e.URL(payment.Name), e.URL(inventory.Name), e.URL(notify.Name))
 }

@@ -65,6 +65,7 @@ func TestDev(t *testing.T) {
 		"temporary: removed on exit",
 		"Seeded wallets: alice 100000 cents, bob 5000 cents.",
 		"Seeded stock:   apple 100, pear 50, plum 0.",
+		"Seeded prices:  apple 120 cents, pear 1000 cents, plum 500 cents",
 		"-H 'Idempotency-Key: demo-1'",
 		"/token -d sub=carol",
 		"  export ALICE=ey",

@@ -159,11 +159,16 @@ func TestSaga(t *testing.T) {
 	require.Equal(t, dev.Seeded{
 		Wallets: []dev.Wallet{{CustomerID: "alice", BalanceCents: 100_000}, {CustomerID: "bob", BalanceCents: 5_000}},
 		Stock:   []dev.StockItem{{SKU: "apple", Available: 100}, {SKU: "pear", Available: 50}, {SKU: "plum", Available: 0}},
+		Products: []dev.Product{
+			{SKU: "apple", Name: "Apple", UnitPriceCents: 120},
+			{SKU: "pear", Name: "Pear", UnitPriceCents: 1_000},
+			{SKU: "plum", Name: "Plum", UnitPriceCents: 500},
+		},
 	}, seeded)
 
-	confirmed := placeOrder(t, e, "alice", "apple", 3, 120)
-	rejected := placeOrder(t, e, "bob", "pear", 10, 1_000) // 10000 > 5000
-	cancelled := placeOrder(t, e, "alice", "plum", 1, 500)
+	confirmed := placeOrder(t, e, "alice", "apple", 3) // at the catalog's 120
+	rejected := placeOrder(t, e, "bob", "pear", 10)    // 10 × 1000 > 5000
+	cancelled := placeOrder(t, e, "alice", "plum", 1)
 
 	requireStatus(t, e, confirmed, "CONFIRMED")
 	requireStatus(t, e, rejected, "REJECTED")
@@ -213,10 +218,9 @@ type order struct {
 	Status string `json:"status"`
 }
 
-func placeOrder(t *testing.T, e *dev.Env, customer, sku string, quantity, unitPriceCents int) string {
+func placeOrder(t *testing.T, e *dev.Env, customer, sku string, quantity int) string {
 	t.Helper()
-	body := fmt.Sprintf(`{"customer_email":"%s@example.com","items":[{"sku":%q,"quantity":%d,"unit_price_cents":%d}]}`,
-		customer, sku, quantity, unitPriceCents)
+	body := fmt.Sprintf(`{"customer_email":"%s@example.com","items":[{"sku":%q,"quantity":%d}]}`, customer, sku, quantity)
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, e.URL("order")+"/orders", bytes.NewBufferString(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")

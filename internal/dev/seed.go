@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/services/inventory"
+	"github.com/onceflow/onceflow/services/order"
 	"github.com/onceflow/onceflow/services/payment"
 )
 
@@ -26,10 +27,18 @@ type StockItem struct {
 	Available int64  `json:"available"`
 }
 
+// Product is a seeded product of the order service's catalog.
+type Product struct {
+	SKU            string `json:"sku"`
+	Name           string `json:"name"`
+	UnitPriceCents int64  `json:"unit_price_cents"`
+}
+
 // Seeded is the demo data Seed wrote, as the APIs answered.
 type Seeded struct {
-	Wallets []Wallet
-	Stock   []StockItem
+	Wallets  []Wallet
+	Stock    []StockItem
+	Products []Product
 }
 
 // demoData is what Seed writes: a rich and a poor customer, and SKUs in
@@ -46,11 +55,16 @@ func demoData() Seeded {
 			{SKU: "pear", Available: 50},
 			{SKU: "plum", Available: 0},
 		},
+		Products: []Product{
+			{SKU: "apple", Name: "Apple", UnitPriceCents: 120},
+			{SKU: "pear", Name: "Pear", UnitPriceCents: 1_000},
+			{SKU: "plum", Name: "Plum", UnitPriceCents: 500},
+		},
 	}
 }
 
-// Seed credits the demo wallets and stocks the demo SKUs through the HTTP
-// APIs of e. Each credit and each stock receipt carries an Idempotency-Key
+// Seed credits the demo wallets, stocks the demo SKUs and prices them in
+// the catalog through the HTTP APIs of e. Each credit and each stock receipt carries an Idempotency-Key
 // derived from what it seeds, so seeding again (a dev run on a kept data
 // directory) is a replay, not a second credit or delivery. A SKU seeded at
 // 0 is received and then written off, as stock that spoiled.
@@ -77,6 +91,15 @@ func Seed(ctx context.Context, e *Env) (Seeded, error) {
 			return seeded, fmt.Errorf("seed: stock %s: %w", s.SKU, err)
 		}
 		seeded.Stock = append(seeded.Stock, got)
+	}
+	for _, p := range demo.Products {
+		var got Product
+		u := e.URL(order.Name) + "/products/" + url.PathEscape(p.SKU)
+		body := map[string]any{"name": p.Name, "unit_price_cents": p.UnitPriceCents}
+		if err := call(ctx, client, token, http.MethodPut, u, "", body, &got); err != nil {
+			return seeded, fmt.Errorf("seed: price %s: %w", p.SKU, err)
+		}
+		seeded.Products = append(seeded.Products, got)
 	}
 	return seeded, nil
 }

@@ -21,12 +21,11 @@ const (
 type world struct {
 	rich, poor     []string // customer ids
 	plenty, scarce []string // SKUs
-	prices         map[string]int64
 }
 
 // seed credits the run's customers and stocks its SKUs.
 func seed(ctx context.Context, c *client, cfg Config) (*world, error) {
-	w := &world{prices: map[string]int64{}}
+	w := &world{}
 	nPoor := max(cfg.Customers/10, 1)
 	for i := range cfg.Customers {
 		id := fmt.Sprintf("lg-%s-c%03d", cfg.RunID, i)
@@ -56,20 +55,35 @@ func seed(ctx context.Context, c *client, cfg Config) (*world, error) {
 		} else {
 			w.plenty = append(w.plenty, sku)
 		}
-		w.prices[sku] = 100 + rand.Int64N(1900)
-		u := cfg.InventoryURL + "/stock/" + url.PathEscape(sku) + "/receipts"
-		key := "lg-" + cfg.RunID + "-receipt-" + sku
-		err := retry(ctx, func() {}, func() error {
-			return c.do(ctx, operator, "POST", u, key, map[string]int64{"quantity": stock}, nil)
-		})
-		if err != nil {
-			return nil, fmt.Errorf("seed: stock %s: %w", sku, err)
+		if err := seedSKU(ctx, c, cfg, sku, stock, 100+rand.Int64N(1900)); err != nil {
+			return nil, err
 		}
 	}
 	if len(w.rich) == 0 || len(w.plenty) == 0 {
 		return nil, fmt.Errorf("seed: %d customers and %d SKUs leave none rich or plentiful; use at least 2 of each", cfg.Customers, cfg.SKUs)
 	}
 	return w, nil
+}
+
+// seedSKU receives stock of sku and prices it in the order service's
+// catalog.
+func seedSKU(ctx context.Context, c *client, cfg Config, sku string, stock, priceCents int64) error {
+	u := cfg.InventoryURL + "/stock/" + url.PathEscape(sku) + "/receipts"
+	key := "lg-" + cfg.RunID + "-receipt-" + sku
+	err := retry(ctx, func() {}, func() error {
+		return c.do(ctx, operator, "POST", u, key, map[string]int64{"quantity": stock}, nil)
+	})
+	if err != nil {
+		return fmt.Errorf("seed: stock %s: %w", sku, err)
+	}
+	u = cfg.OrderURL + "/products/" + url.PathEscape(sku)
+	err = retry(ctx, func() {}, func() error {
+		return c.do(ctx, operator, "PUT", u, "", map[string]int64{"unit_price_cents": priceCents}, nil)
+	})
+	if err != nil {
+		return fmt.Errorf("seed: price %s: %w", sku, err)
+	}
+	return nil
 }
 
 // orderRequest is the body of POST /orders, sent as CustomerID: the order
@@ -81,9 +95,8 @@ type orderRequest struct {
 }
 
 type orderItem struct {
-	SKU            string `json:"sku"`
-	Quantity       int    `json:"quantity"`
-	UnitPriceCents int64  `json:"unit_price_cents"`
+	SKU      string `json:"sku"`
+	Quantity int    `json:"quantity"`
 }
 
 // newOrder is a random order: one to three lines of one to three units,
@@ -108,7 +121,7 @@ func (w *world) newOrder(rng *rand.Rand, poorShare, scarceShare float64) orderRe
 	}
 	req := orderRequest{CustomerID: customer, CustomerEmail: customer + "@loadgen.example"}
 	for _, sku := range skus {
-		req.Items = append(req.Items, orderItem{SKU: sku, Quantity: 1 + rng.IntN(3), UnitPriceCents: w.prices[sku]})
+		req.Items = append(req.Items, orderItem{SKU: sku, Quantity: 1 + rng.IntN(3)})
 	}
 	return req
 }

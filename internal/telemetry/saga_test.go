@@ -39,7 +39,7 @@ func TestOrderSagaIsOneTrace(t *testing.T) {
 	_, err = dev.Seed(ctx, e)
 	require.NoError(t, err)
 
-	body := `{"customer_email":"alice@example.com","items":[{"sku":"apple","quantity":1,"unit_price_cents":100}]}`
+	body := `{"customer_email":"alice@example.com","items":[{"sku":"apple","quantity":1}]}`
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.URL("order")+"/orders", bytes.NewBufferString(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")

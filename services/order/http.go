@@ -85,11 +85,11 @@ type placeRequest struct {
 	Items         []itemRequest `json:"items"`
 }
 
+// itemRequest is a line of POST /orders: the price is the catalog's, and a
+// body that gives one is refused as an unknown member.
 type itemRequest struct {
 	SKU      string `json:"sku"`
 	Quantity int64  `json:"quantity"`
-	// A pointer, so that a missing price is refused rather than taken as 0.
-	UnitPriceCents *int64 `json:"unit_price_cents"`
 }
 
 // Routes registers the order API.
@@ -98,7 +98,13 @@ func (s *Service) Routes(e *echo.Echo) {
 	e.POST("/orders", s.place)
 	e.GET("/orders", s.list)
 	e.GET("/orders/:id", s.get)
+	e.PUT("/products/:sku", s.putProduct, auth.AdminOnly)
+	e.GET("/products", s.listProducts)
+	e.GET("/products/:sku", s.getProduct)
 }
+
+// PublicRoutes are the routes anyone may call: the catalog's reads.
+func PublicRoutes() []string { return []string{"GET /products", "GET /products/:sku"} }
 
 func (s *Service) place(c echo.Context) error {
 	body, err := httpapi.ReadBody(c)
@@ -114,17 +120,20 @@ func (s *Service) place(c echo.Context) error {
 	if err := customer.check(); err != nil {
 		return err
 	}
-	lines, total, err := req.validate()
+	lines, err := req.validate()
 	if err != nil {
 		return err
 	}
-	// Nothing is read: the key's claim, the order and the COMMIT take one
-	// round trip.
-	return httpapi.IdempotentWrites(c, s.idem, body, func(ctx context.Context, writes *postgres.Pipeline) (int, any, error) {
+	// The key's claim, the prices' read, and the order with the COMMIT.
+	return httpapi.Idempotent(c, s.idem, body, func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (int, any, error) {
 		// Under the key: a retry of an order already placed is replayed
 		// however busy the saga is, and a refusal claims no key, so that
 		// the client's retry with it can still succeed.
 		if err := s.admission.admit(); err != nil {
+			return 0, nil, err
+		}
+		total, err := s.price(ctx, tx, lines)
+		if err != nil {
 			return 0, nil, err
 		}
 		id, err := uuid.NewV7()
@@ -139,23 +148,7 @@ func (s *Service) place(c echo.Context) error {
 		if err != nil {
 			return 0, nil, err
 		}
-		params := dbsqlc.InsertOrderWithLinesParams{
-			ID:              id,
-			CustomerID:      customer.CustomerID,
-			CustomerEmail:   customer.CustomerEmail,
-			TotalCents:      total,
-			PlacedEventID:   ev.ID,
-			PlacedEventType: string(ev.Type),
-			PlacedAt:        ev.Time,
-		}
-		items := make([]Item, len(lines))
-		for i, l := range lines {
-			params.LineNos = append(params.LineNos, int32(i+1))
-			params.Skus = append(params.Skus, l.SKU)
-			params.Quantities = append(params.Quantities, l.Quantity)
-			params.UnitPricesCents = append(params.UnitPricesCents, l.UnitPriceCents)
-			items[i] = Item{SKU: l.SKU, Quantity: l.Quantity, UnitPriceCents: l.UnitPriceCents}
-		}
+		params, items := newOrderRows(id, customer, ev, lines, total)
 		// The event in the outbox and the order, its lines and the
 		// OrderPlaced timeline entry in one statement.
 		if err := outbox.Queue(ctx, writes, ev); err != nil {
@@ -181,6 +174,29 @@ func (s *Service) place(c echo.Context) error {
 	})
 }
 
+// newOrderRows are the rows of a new order, and its lines as the API shows
+// them.
+func newOrderRows(id uuid.UUID, customer buyer, ev event.Envelope, lines event.Lines, total int64) (dbsqlc.InsertOrderWithLinesParams, []Item) {
+	params := dbsqlc.InsertOrderWithLinesParams{
+		ID:              id,
+		CustomerID:      customer.CustomerID,
+		CustomerEmail:   customer.CustomerEmail,
+		TotalCents:      total,
+		PlacedEventID:   ev.ID,
+		PlacedEventType: string(ev.Type),
+		PlacedAt:        ev.Time,
+	}
+	items := make([]Item, len(lines))
+	for i, l := range lines {
+		params.LineNos = append(params.LineNos, int32(i+1))
+		params.Skus = append(params.Skus, l.SKU)
+		params.Quantities = append(params.Quantities, l.Quantity)
+		params.UnitPricesCents = append(params.UnitPricesCents, l.UnitPriceCents)
+		items[i] = Item{SKU: l.SKU, Quantity: l.Quantity, UnitPriceCents: l.UnitPriceCents}
+	}
+	return params, items
+}
+
 // buyer is who an order is for: the caller, at the e-mail address the body
 // gives or else the token's.
 type buyer struct{ CustomerID, CustomerEmail string }
@@ -202,36 +218,29 @@ func (o buyer) check() error {
 }
 
 // validate checks everything about the request's lines that does not need
-// the database, and returns them and their total.
-func (r placeRequest) validate() (event.Lines, int64, error) {
+// the database, and returns them, to be priced.
+func (r placeRequest) validate() (event.Lines, error) {
 	if len(r.Items) == 0 || len(r.Items) > MaxItems {
-		return nil, 0, httpapi.BadRequest("items must have 1 to %d lines", MaxItems)
+		return nil, httpapi.BadRequest("items must have 1 to %d lines", MaxItems)
 	}
 	lines := make(event.Lines, len(r.Items))
 	skus := make(map[string]bool, len(r.Items))
 	for i, it := range r.Items {
 		if err := httpapi.CheckID(fmt.Sprintf("items[%d].sku", i), it.SKU); err != nil {
-			return nil, 0, err
+			return nil, err
 		}
 		// One line per SKU: inventory reserves per line, and two lines of
 		// one SKU are a client mistake more often than an intent.
 		if skus[it.SKU] {
-			return nil, 0, httpapi.BadRequest("items[%d].sku %q appears twice", i, it.SKU)
+			return nil, httpapi.BadRequest("items[%d].sku %q appears twice", i, it.SKU)
 		}
 		skus[it.SKU] = true
 		if it.Quantity < 1 || it.Quantity > MaxQuantity {
-			return nil, 0, httpapi.BadRequest("items[%d].quantity must be between 1 and %d", i, MaxQuantity)
+			return nil, httpapi.BadRequest("items[%d].quantity must be between 1 and %d", i, MaxQuantity)
 		}
-		if it.UnitPriceCents == nil || *it.UnitPriceCents < 0 {
-			return nil, 0, httpapi.BadRequest("items[%d].unit_price_cents is required and must not be negative", i)
-		}
-		lines[i] = event.OrderLine{SKU: it.SKU, Quantity: int32(it.Quantity), UnitPriceCents: *it.UnitPriceCents}
+		lines[i] = event.OrderLine{SKU: it.SKU, Quantity: int32(it.Quantity)}
 	}
-	total, err := lines.Total()
-	if err != nil {
-		return nil, 0, httpapi.BadRequest("the order's total is too large: %v", err)
-	}
-	return lines, total, nil
+	return lines, nil
 }
 
 func (s *Service) get(c echo.Context) error {

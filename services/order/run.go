@@ -26,6 +26,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 				{Stream: streams.Inventory, Durable: streams.OrderInventory, Handler: s.handleInventoryEvent, BatchHandler: s.batchHandler(inventoryTypes)},
 			},
 			Routes:     s.Routes,
+			Public:     PublicRoutes(),
 			Background: []func(context.Context) error{s.admission.Run},
 		}, nil
 	})

@@ -27,14 +27,23 @@ func start(t *testing.T, configure ...func(*app.Config)) *apptest.Service {
 	return startOrder(t, order.Config{}, configure...)
 }
 
-// startOrder runs the order service with the settings of its own in base.
+// startOrder runs the order service with the settings of its own in base,
+// its catalog priced as testPrices says.
 func startOrder(t *testing.T, base order.Config, configure ...func(*app.Config)) *apptest.Service {
 	t.Helper()
-	return apptest.Start(t, order.Name, func(ctx context.Context, cfg app.Config, l *slog.Logger) error {
+	svc := apptest.Start(t, order.Name, func(ctx context.Context, cfg app.Config, l *slog.Logger) error {
 		base.Config = cfg
 		return order.Run(ctx, base, l)
 	}, configure...)
+	for sku, cents := range testPrices() {
+		resp := svc.Do(t, http.MethodPut, "/products/"+sku, svc.AsAdmin(t), map[string]any{"unit_price_cents": cents}, nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	return svc
 }
+
+// testPrices is the catalog of the tests' orders.
+func testPrices() map[string]int64 { return map[string]int64{"apple": 250, "pear": 1000} }
 
 // place places an order of two lines (total 2×250 + 1×1000 = 1500) for
 // customer through the API and returns it.
@@ -44,8 +53,8 @@ func place(t *testing.T, svc *apptest.Service, customer string) order.Order {
 	resp := svc.Do(t, http.MethodPost, "/orders", svc.As(t, customer, key(uuid.NewString())), map[string]any{
 		"customer_email": customer + "@example.com",
 		"items": []map[string]any{
-			{"sku": "apple", "quantity": 2, "unit_price_cents": 250},
-			{"sku": "pear", "quantity": 1, "unit_price_cents": 1000},
+			{"sku": "apple", "quantity": 2},
+			{"sku": "pear", "quantity": 1},
 		},
 	}, &o)
 	require.Equal(t, http.StatusCreated, resp.StatusCode)

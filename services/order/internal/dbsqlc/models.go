@@ -31,3 +31,10 @@ type OrderView struct {
 	Items         []byte
 	Timeline      []byte
 }
+
+type Product struct {
+	Sku            string
+	Name           string
+	UnitPriceCents int64
+	UpdatedAt      time.Time
+}
