@@ -154,12 +154,12 @@ func TestNewServiceEndToEnd(t *testing.T) {
 	done = step("place orders, await points")
 	confirmed := map[string]int64{} // order id → points
 	for i, total := range []int{3, 7, 11} {
-		id := sys.placeOrder(t, fmt.Sprintf("confirm-%d", i), "alice", "apple", total, 120)
+		id := sys.placeOrder(t, fmt.Sprintf("confirm-%d", i), "alice", "apple", total) // at the seeded 120
 		sys.requireStatus(t, id, order.StatusConfirmed)
 		confirmed[id] = int64(total*120) / 100
 	}
-	rejected := sys.placeOrder(t, "reject", "bob", "pear", 1, 6000)   // bob has 5000 cents
-	cancelled := sys.placeOrder(t, "cancel", "alice", "plum", 1, 100) // plum is sold out
+	rejected := sys.placeOrder(t, "reject", "bob", "pear", 6)    // 6000 cents; bob has 5000
+	cancelled := sys.placeOrder(t, "cancel", "alice", "plum", 1) // plum is sold out
 	sys.requireStatus(t, rejected, order.StatusRejected)
 	sys.requireStatus(t, cancelled, order.StatusCancelled)
 
@@ -347,10 +347,9 @@ func (s *devSystem) stop(t *testing.T) {
 
 // placeOrder places an order of one line as customer (alice or bob, whose
 // tokens dev printed) and returns its id.
-func (s *devSystem) placeOrder(t *testing.T, key, customer, sku string, quantity, unitPriceCents int) string {
+func (s *devSystem) placeOrder(t *testing.T, key, customer, sku string, quantity int) string {
 	t.Helper()
-	body := fmt.Sprintf(`{"customer_email":"%s@example.com","items":[{"sku":%q,"quantity":%d,"unit_price_cents":%d}]}`,
-		customer, sku, quantity, unitPriceCents)
+	body := fmt.Sprintf(`{"customer_email":"%s@example.com","items":[{"sku":%q,"quantity":%d}]}`, customer, sku, quantity)
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, s.urls["order"]+"/orders", strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
