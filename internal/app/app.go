@@ -390,11 +390,15 @@ func newHTTPServer(cfg Config, logger *slog.Logger, pool *pgxpool.Pool, nc *nats
 	e.GET("/readyz", func(c echo.Context) error {
 		ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
 		defer cancel()
+		// The answer names what is down, never its error: an error's text
+		// (an address, a role) is for the logs, not for whoever can reach
+		// the probe.
 		if err := pool.Ping(ctx); err != nil {
-			return httpapi.NewProblem(http.StatusServiceUnavailable, "database: %v", err)
+			logger.WarnContext(ctx, "readiness: database unreachable", "err", err)
+			return httpapi.NewProblem(http.StatusServiceUnavailable, "the database is unreachable")
 		}
 		if !nc.IsConnected() {
-			return httpapi.NewProblem(http.StatusServiceUnavailable, "nats: %s", nc.Status())
+			return httpapi.NewProblem(http.StatusServiceUnavailable, "nats is not connected")
 		}
 		if err := prov.ready(); err != nil {
 			return httpapi.NewProblem(http.StatusServiceUnavailable, "streams: %v", err)
