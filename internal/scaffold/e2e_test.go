@@ -144,7 +144,7 @@ func TestNewServiceEndToEnd(t *testing.T) {
 	goCmd(t, repo, "test", "-count=1", "./services/loyalty/", "./internal/event/")
 	done()
 
-	requireComposeService(t, repo, "loyalty", 8084)
+	requireComposeService(t, repo, "loyalty", 8085) // after the issuer's 8084, as in dev
 
 	done = step("onceflow dev: five services up")
 	sys := startDev(t, bin)
