@@ -37,7 +37,7 @@ func TestCluster(t *testing.T) {
 	require.Len(t, strings.Split(e.NATSURL, ","), 3)
 	_, err = dev.Seed(ctx, e)
 	require.NoError(t, err)
-	requireStatus(t, e, placeOrder(t, e, "alice", "apple", 1, 100), "CONFIRMED")
+	requireStatus(t, e, placeOrder(t, e, "alice", "apple", 1), "CONFIRMED")
 
 	nc, err := nats.Connect(e.NATSURL, natsauth.Client{Creds: e.NATSCreds[streams.Operator]}.Options(streams.Operator)...)
 	require.NoError(t, err)
@@ -59,7 +59,7 @@ func TestCluster(t *testing.T) {
 	pid := readPID(t, victim.PIDFile)
 	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
 
-	requireStatus(t, e, placeOrder(t, e, "alice", "pear", 1, 100), "CONFIRMED")
+	requireStatus(t, e, placeOrder(t, e, "alice", "pear", 1), "CONFIRMED")
 	require.Eventually(t, func() bool {
 		b, err := os.ReadFile(victim.PIDFile)
 		if err != nil {
