@@ -16,6 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/app"
+	"github.com/onceflow/onceflow/internal/apptest"
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/streams"
@@ -30,7 +32,10 @@ func TestAServiceWaitsForProvisioning(t *testing.T) {
 	t.Parallel()
 	nt := testenv.NewNATS(t)
 	db := testenv.NewServiceDatabase(t, "payment")
+	_, issuerURL := apptest.StartIssuer(t)
 	cfg, err := env.ParseAsWithOptions[app.Config](env.Options{Environment: map[string]string{
+		"AUTH_JWKS_URL":    issuerURL + auth.JWKSPath,
+		"AUTH_ISSUER":      issuerURL,
 		"DATABASE_URL":     db.URL,
 		"NATS_URL":         nt.URL,
 		"NATS_CREDS":       nt.Client("payment").Creds,

@@ -25,6 +25,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/internal/apptest"
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/streams"
@@ -70,7 +72,10 @@ func TestServicesOverTLS(t *testing.T) {
 	require.NoError(t, natsauth.Provision(t.Context(), client(streams.Provisioner), streams.Saga(streams.Config{})))
 
 	db := testenv.NewServiceDatabase(t, payment.Name)
+	_, issuerURL := apptest.StartIssuer(t)
 	cfg, err := env.ParseAsWithOptions[payment.Config](env.Options{Environment: map[string]string{
+		"AUTH_JWKS_URL":        issuerURL + auth.JWKSPath,
+		"AUTH_ISSUER":          issuerURL,
 		"DATABASE_URL":         db.URL,
 		"NATS_URL":             url,
 		"NATS_CREDS":           creds[payment.Name],

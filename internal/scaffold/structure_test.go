@@ -34,10 +34,14 @@ var extras = map[string]map[string]string{
 		"retry.go":       "the operator's retry of FAILED e-mails (onceflow mail retry)",
 	},
 	"order": {
-		"setup_test.go": "test helpers shared by order's several test files",
-		"batch.go":      "the set-based form of its handlers (inbox.BatchHandler), an optimisation",
-		"batch_test.go": "its tests",
-		"admission.go":  "the admission control of POST /orders (MAX_ORDERS_IN_FLIGHT): the saga's entry point refuses work while the saga is behind",
+		"setup_test.go":   "test helpers shared by order's several test files",
+		"batch.go":        "the set-based form of its handlers (inbox.BatchHandler), an optimisation",
+		"batch_test.go":   "its tests",
+		"admission.go":    "the admission control of POST /orders (MAX_ORDERS_IN_FLIGHT): the saga's entry point refuses work while the saga is behind",
+		"catalog.go":      "the product catalog, which prices an order's lines on the server",
+		"catalog_test.go": "its tests",
+		"cursor.go":       "the opaque cursor of GET /orders' pages",
+		"auth_test.go":    "the tests of who may do what at order's HTTP edge",
 	},
 	"payment": {
 		"batch.go":      "the set-based form of its OrderPlaced handler (inbox.BatchHandler), an optimisation",
