@@ -157,22 +157,19 @@ func connect(ctx context.Context, name string, cfg Config, logger *slog.Logger) 
 			c.close()
 		}
 	}()
+	if err := postgres.MigrateService(ctx, cfg.DatabaseURL, name, logger); err != nil {
+		return nil, err
+	}
 	// pgx's default size, the number of CPUs (at least 4), is too small for
 	// concurrent requests on a small machine; pool_max_conns in DATABASE_URL
-	// still wins.
+	// still wins. A request waits for a connection and for each statement
+	// a bounded time, and is refused with a 503 after it (httpapi).
 	c.pool, err = postgres.Connect(ctx, cfg.DatabaseURL, func(pc *pgxpool.Config) {
 		if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
 			pc.MaxConns = cfg.DatabaseMaxConns
 		}
-	})
+	}, postgres.WithTimeouts(postgres.Timeouts{Statement: cfg.DatabaseStatementTimeout, Acquire: cfg.DatabaseAcquireTimeout}))
 	if err != nil {
-		return nil, err
-	}
-	schema, err := postgres.ServiceSchema(name)
-	if err != nil {
-		return nil, err
-	}
-	if err := postgres.Migrate(ctx, c.pool, schema, logger); err != nil {
 		return nil, err
 	}
 
@@ -237,7 +234,7 @@ func newService(ctx context.Context, name string, cfg Config, c *conns, tp trace
 	// edge instead of starving them.
 	c.workPool, err = postgres.Connect(ctx, cfg.DatabaseURL, func(pc *pgxpool.Config) {
 		pc.MaxConns = int32(len(spec.Subscriptions)*max(cfg.ConsumerWorkers, 1) + 2)
-	})
+	}, postgres.WithTimeouts(postgres.Timeouts{Statement: cfg.DatabaseStatementTimeout}))
 	if err != nil {
 		return nil, err
 	}

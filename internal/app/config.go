@@ -17,6 +17,12 @@ type Config struct {
 	// DatabaseMaxConns bounds the service's connections to its database,
 	// unless DATABASE_URL sets pool_max_conns.
 	DatabaseMaxConns int32 `env:"DATABASE_MAX_CONNS" envDefault:"16"`
+	// DatabaseStatementTimeout is every statement's statement_timeout;
+	// DatabaseAcquireTimeout how long an HTTP request waits for one of the
+	// DatabaseMaxConns connections. Past either, the request is answered
+	// 503 with Retry-After (and a consumer's batch is retried later).
+	DatabaseStatementTimeout time.Duration `env:"DATABASE_STATEMENT_TIMEOUT" envDefault:"10s"`
+	DatabaseAcquireTimeout   time.Duration `env:"DATABASE_ACQUIRE_TIMEOUT" envDefault:"2s"`
 	// NATSURL is one server's URL or a comma-separated list of a
 	// cluster's; the client connects to one of them and fails over to the
 	// others.

@@ -91,16 +91,7 @@ func migrateURLs(names []string) (map[string]string, error) {
 }
 
 func migrateService(ctx context.Context, name, url string, logger *slog.Logger) error {
-	schema, err := postgres.ServiceSchema(name)
-	if err != nil {
-		return err
-	}
-	pool, err := postgres.Connect(ctx, url)
-	if err != nil {
-		return fmt.Errorf("migrate %s: %w", name, err)
-	}
-	defer pool.Close()
-	if err := postgres.Migrate(ctx, pool, schema, logger.With("service", name)); err != nil {
+	if err := postgres.MigrateService(ctx, url, name, logger.With("service", name)); err != nil {
 		return fmt.Errorf("migrate %s: %w", name, err)
 	}
 	return nil

@@ -10,7 +10,13 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
+
+	"github.com/onceflow/onceflow/internal/postgres"
 )
+
+// busyRetryAfter is the Retry-After of a request refused because the
+// database was busy (postgres.Timeouts ran out).
+const busyRetryAfter = time.Second
 
 // ContentTypeProblem is the media type of RFC 9457 problem details.
 const ContentTypeProblem = "application/problem+json"
@@ -62,13 +68,20 @@ func Unavailable(retryAfter time.Duration, format string, args ...any) *Problem 
 // error, except a refusal with a Retry-After (Unavailable): shedding load
 // is the service working as meant, its metrics count it, and an error line
 // per refused request would flood the logs just when the service is
-// busiest.
+// busiest. An error of the database's bounded waits (postgres.IsTimeout)
+// while the client still waits is such a refusal: 503 with Retry-After.
 func ErrorHandler(logger *slog.Logger) echo.HTTPErrorHandler {
 	return func(err error, c echo.Context) {
 		if c.Response().Committed {
 			return
 		}
 		p := toProblem(err)
+		if p.Status == http.StatusInternalServerError && c.Request().Context().Err() == nil && postgres.IsTimeout(err) {
+			// The client still waits, so the deadline was the service's own:
+			// the pool had no connection free in time, or a statement ran
+			// past its statement_timeout. The database is busy; shed load.
+			p = Unavailable(busyRetryAfter, "the database is busy")
+		}
 		if p.Status >= http.StatusInternalServerError {
 			level := slog.LevelError
 			if p.RetryAfter > 0 {

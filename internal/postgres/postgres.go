@@ -116,6 +116,23 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema Schema, logger *slo
 	return nil
 }
 
+// MigrateService applies every pending migration of service's schema
+// (ServiceSchema) to the database at url, over a pool of its own that it
+// closes after them: a migration may run longer than the statement timeout
+// of a service's pools.
+func MigrateService(ctx context.Context, url, service string, logger *slog.Logger) error {
+	schema, err := ServiceSchema(service)
+	if err != nil {
+		return err
+	}
+	pool, err := Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	return Migrate(ctx, pool, schema, logger)
+}
+
 // IsLockNotAvailable reports whether err is PostgreSQL's lock_not_available
 // (55P03): a lock_timeout ran out, or a NOWAIT lock was held.
 func IsLockNotAvailable(err error) bool {
