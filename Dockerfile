@@ -2,7 +2,7 @@
 # One image for the four services (the command picks one: order, payment,
 # inventory, notify) and the chores (migrate, outbox redrive, healthcheck).
 
-FROM golang:1.26 AS build
+FROM golang:1.26.8 AS build
 WORKDIR /src
 COPY . .
 # Only the modules the binary imports are fetched (not the sqlc tool's), into

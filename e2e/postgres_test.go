@@ -17,7 +17,7 @@ import (
 	"github.com/onceflow/onceflow/internal/localpg"
 )
 
-const postgresImage = "postgres:15-alpine"
+const postgresImage = "postgres:15.18-alpine"
 
 // pgServer is the PostgreSQL server of the suite. Each scenario creates its
 // four databases on it and drops them afterwards.

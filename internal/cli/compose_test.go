@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -360,4 +361,21 @@ func TestComposeConsole(t *testing.T) {
 	require.Len(t, svc.Ports, 1)
 	require.Equal(t, port, strconv.FormatUint(uint64(svc.Ports[0].Target), 10))
 	require.Contains(t, strings.Join(svc.HealthCheck.Test, " "), "/onceflow healthcheck http://127.0.0.1:"+port+"/healthz")
+}
+
+// A pulled image is pinned to a release (a tag with its full version,
+// PostgreSQL's being major.minor, or a digest): no tag, `latest` or a
+// moving tag like 15-alpine changes under the demo. The onceflow image is
+// the one compose builds.
+func TestComposeImagesArePinned(t *testing.T) {
+	t.Parallel()
+	pinned := regexp.MustCompile(`:v?[0-9]+(\.[0-9]+){1,2}(-[a-z0-9.]+)?$|@sha256:[0-9a-f]{64}$`)
+	project := loadCompose(t, observabilityProfile)
+	for name, svc := range project.Services {
+		require.NotEmpty(t, svc.Image, "%s names no image", name)
+		if strings.HasPrefix(svc.Image, "onceflow:") {
+			continue
+		}
+		require.Regexp(t, pinned, svc.Image, "%s's image is not pinned to a version", name)
+	}
 }

@@ -18,7 +18,7 @@ import (
 	"github.com/onceflow/onceflow/internal/streams"
 )
 
-const natsImage = "nats:2.11-alpine"
+const natsImage = "nats:2.15.2-alpine"
 
 // NATS is a NATS server with JetStream for one test.
 type NATS struct {

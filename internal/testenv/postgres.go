@@ -23,7 +23,7 @@ import (
 	"github.com/onceflow/onceflow/internal/postgres"
 )
 
-const postgresImage = "postgres:15-alpine"
+const postgresImage = "postgres:15.18-alpine"
 
 // Database is a database of its own for one test, migrated to a schema.
 type Database struct {
