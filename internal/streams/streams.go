@@ -121,6 +121,12 @@ type Config struct {
 // retention of the service consuming it, as a Go duration.
 const MetadataInboxRetention = "onceflow.inbox.retention"
 
+// apiTimeout bounds each JetStream API call of Provision. On a cluster a
+// reply can be lost (a route reset while the meta leader answers), and a
+// call waiting for it would hold the whole of a caller's deadline; the
+// caller's next attempt finds what the lost call did.
+const apiTimeout = 15 * time.Second
+
 // Stream is one stream of the topology.
 type Stream struct {
 	Name     string
@@ -242,7 +248,10 @@ func Provision(ctx context.Context, js jetstream.JetStream, t Topology) error {
 		} else {
 			cc.FilterSubjects = filters
 		}
-		if _, err := js.CreateOrUpdateConsumer(ctx, c.Stream, cc); err != nil {
+		ctx, cancel := context.WithTimeout(ctx, apiTimeout)
+		_, err := js.CreateOrUpdateConsumer(ctx, c.Stream, cc)
+		cancel()
+		if err != nil {
 			return fmt.Errorf("provision consumer %s on %s: %w", c.Durable, c.Stream, err)
 		}
 	}
@@ -271,6 +280,8 @@ func (t Topology) AllStreams() []Stream {
 // service creating its consumers on the stream (nats-server 2.15 reads the
 // stream config unlocked there, which the race detector reports).
 func provisionStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) error {
+	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
 	s, err := js.Stream(ctx, cfg.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
