@@ -148,21 +148,10 @@ func (c *Consumer) claimArgs(ds []*delivery) dbsqlc.ClaimEventsParams {
 // fails with a unique violation, which the returned claim's aheadErr holds
 // once it was sent, and so does the statement that carried it.
 func (c *Consumer) claimAhead(ctx context.Context, begin *postgres.TxStart, ds []*delivery) *batchClaim {
-	b := &batchClaim{}
-	seen := make(map[uuid.UUID]bool, len(ds))
-	unique := make([]*delivery, 0, len(ds))
-	for _, d := range ds {
-		if seen[d.ev.ID] {
-			b.duplicates = append(b.duplicates, d)
-			continue
-		}
-		seen[d.ev.ID] = true
-		unique = append(unique, d)
-	}
-	b.fresh = unique
+	b := split(ds, func(uuid.UUID) bool { return true })
 	c.planReads(ctx, begin)
 	begin.Ahead().AfterSend(func(err error) { b.aheadErr = err })
-	_ = c.queries.ClaimNewEvents(ctx, begin.Ahead(), dbsqlc.ClaimNewEventsParams(c.claimArgs(unique))) // queued
+	_ = c.queries.ClaimNewEvents(ctx, begin.Ahead(), dbsqlc.ClaimNewEventsParams(c.claimArgs(b.fresh))) // queued
 	return b
 }
 
@@ -178,16 +167,23 @@ func (c *Consumer) claimBatch(ctx context.Context, begin *postgres.TxStart, ds [
 	for _, id := range claimed {
 		isNew[id] = true
 	}
+	return split(ds, func(id uuid.UUID) bool { return isNew[id] }), nil
+}
+
+// split returns ds as a claim: the first copy of each event that claimed
+// says is new is fresh, every other delivery a duplicate.
+func split(ds []*delivery, claimed func(uuid.UUID) bool) *batchClaim {
 	b := &batchClaim{}
+	seen := make(map[uuid.UUID]bool, len(ds))
 	for _, d := range ds {
-		if isNew[d.ev.ID] {
-			isNew[d.ev.ID] = false // a second copy in the batch is a duplicate
-			b.fresh = append(b.fresh, d)
-		} else {
+		if seen[d.ev.ID] || !claimed(d.ev.ID) {
 			b.duplicates = append(b.duplicates, d)
+		} else {
+			b.fresh = append(b.fresh, d)
 		}
+		seen[d.ev.ID] = true
 	}
-	return b, nil
+	return b
 }
 
 // planReads queues, for a set-based batch, the setting that plans its
