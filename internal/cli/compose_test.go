@@ -341,7 +341,7 @@ func TestComposeConsole(t *testing.T) {
 	svc, ok := project.Services["console"]
 	require.True(t, ok)
 	require.Equal(t, []string{"console"}, []string(svc.Command))
-	read := []string{"NATS_URL", "LOG_FORMAT"}
+	read := []string{"NATS_URL", "NATS_CREDS", "LOG_FORMAT"}
 	for _, cfg := range []any{new(consoleEnv), new(LogConfig)} {
 		params, err := env.GetFieldParams(cfg)
 		require.NoError(t, err)

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/onceflow/onceflow/internal/audit"
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/console"
 	"github.com/onceflow/onceflow/internal/dev"
 	"github.com/onceflow/onceflow/internal/streams"
@@ -25,6 +27,25 @@ type consoleEnv struct {
 	OperatorToken string `env:"CONSOLE_OPERATOR_TOKEN"`
 	// OperatorName is who that token's holder is recorded as.
 	OperatorName string `env:"CONSOLE_OPERATOR_NAME" envDefault:"operator"`
+	// Auth, with AUTH_JWKS_URL set, lets the services' operators act with
+	// their JWTs (role admin), recorded by their subject.
+	Auth auth.Config
+}
+
+// authorizer is who may act from the console: the holders of the shared
+// token, if set, and of an operator's JWT that verifier accepts, if any.
+func (c consoleEnv) authorizer(verifier *auth.Verifier) console.Authorizer {
+	var auths console.AnyOf
+	if c.OperatorToken != "" {
+		auths = append(auths, console.TokenAuth{Token: c.OperatorToken, Name: c.OperatorName})
+	}
+	if verifier != nil {
+		auths = append(auths, console.JWTAuth{Verifier: verifier})
+	}
+	if len(auths) == 0 {
+		return nil
+	}
+	return auths
 }
 
 // defaultConsolePort is where `onceflow dev` serves the console.
@@ -38,9 +59,11 @@ pipeline's lag (outboxes, consumers, open dead letters); the DLQ with
 replay and discard; the audit on demand. It reads the four service
 databases (<SERVICE>_DATABASE_URL, as 'onceflow audit') and NATS_URL.
 
-Replaying and discarding need an operator: one signs in with
-CONSOLE_OPERATOR_TOKEN (recorded as CONSOLE_OPERATOR_NAME); unset, nobody
-can act from the console.`)
+Replaying and discarding need an operator: one signs in with a JWT of the
+services' identity provider (AUTH_JWKS_URL, AUTH_ISSUER, AUTH_AUDIENCE)
+whose roles have admin, recorded by its subject, or with
+CONSOLE_OPERATOR_TOKEN (recorded as CONSOLE_OPERATOR_NAME); with neither
+set, nobody can act from the console.`)
 	if err := parse(fs, args, inv.stdout); err != nil {
 		return helped(err)
 	}
@@ -55,10 +78,14 @@ can act from the console.`)
 	if err != nil {
 		return fmt.Errorf("console config: %w", err)
 	}
-	cfg := console.Config{Audit: acfg, AuthHint: "It is the console's CONSOLE_OPERATOR_TOKEN."}
-	if cenv.OperatorToken != "" {
-		cfg.Auth = console.TokenAuth{Token: cenv.OperatorToken, Name: cenv.OperatorName}
+	var verifier *auth.Verifier
+	if cenv.Auth.JWKSURL != "" {
+		if verifier, err = auth.NewVerifier(ctx, cenv.Auth, inv.logger); err != nil {
+			return fmt.Errorf("console: %w", err)
+		}
 	}
+	cfg := console.Config{Audit: acfg, Auth: cenv.authorizer(verifier),
+		AuthHint: "An operator's JWT (role admin) from the services' identity provider, or the console's CONSOLE_OPERATOR_TOKEN."}
 	srv, err := console.New(ctx, cfg, inv.logger)
 	if err != nil {
 		return err
@@ -80,28 +107,32 @@ func serveDevConsole(ctx context.Context, inv invocation, e *dev.Env, host strin
 	if err != nil {
 		return "", "", nil, fmt.Errorf("console config: %w", err)
 	}
-	token = cenv.OperatorToken
-	if token == "" {
-		token = rand.Text()
+	cenv.OperatorToken = cmp.Or(cenv.OperatorToken, rand.Text())
+	serveCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	verifier, err := auth.NewVerifier(serveCtx, e.AuthConfig(), inv.logger)
+	if err != nil {
+		cancel()
+		return "", "", nil, fmt.Errorf("console: %w", err)
 	}
 	cfg := console.Config{
 		Audit:    devAuditConfig(e),
-		Auth:     console.TokenAuth{Token: token, Name: cenv.OperatorName},
-		AuthHint: "onceflow dev printed it (or set CONSOLE_OPERATOR_TOKEN).",
+		Auth:     cenv.authorizer(verifier),
+		AuthHint: "onceflow dev printed it: $ADMIN, or the console's operator token.",
 	}
 	srv, err := console.New(ctx, cfg, inv.logger)
 	if err != nil {
+		cancel()
 		return "", "", nil, err
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
 	if err != nil {
+		cancel()
 		srv.Close()
 		return "", "", nil, fmt.Errorf("console: %w", err)
 	}
-	serveCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(serveCtx, ln) }()
-	return "http://" + ln.Addr().String(), token, func() error {
+	return "http://" + ln.Addr().String(), cenv.OperatorToken, func() error {
 		cancel()
 		err := <-done
 		srv.Close()

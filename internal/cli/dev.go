@@ -64,7 +64,7 @@ func runDev(ctx context.Context, inv invocation, args []string) error {
 			return errors.Join(fmt.Errorf("dev: %w", err), stopDev(ctx, e))
 		}
 		stopConsole = stop
-		fmt.Fprintf(inv.stdout, "  console    %s  (operator token: %s)\n", url, token)
+		fmt.Fprintf(inv.stdout, "  console    %s  (sign in with $ADMIN or the operator token %s)\n", url, token)
 	}
 	if flags.seed {
 		seeded, err := dev.Seed(ctx, e)

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+
+	"github.com/onceflow/onceflow/internal/auth"
 )
 
 // Errors an Authorizer returns.
@@ -46,6 +48,54 @@ func (a TokenAuth) Operator(_ context.Context, token string) (string, error) {
 		return a.Name, nil
 	}
 	return "operator", nil
+}
+
+// JWTAuth accepts the bearer JWTs the services accept (AUTH_*, verified by
+// auth.Verifier) whose roles make their subject an operator (role admin),
+// recorded by that subject.
+type JWTAuth struct {
+	Verifier *auth.Verifier
+}
+
+// Operator implements Authorizer. A token that does not verify (expired,
+// forged, not a JWT) is no sign-in, a customer's is refused.
+func (a JWTAuth) Operator(ctx context.Context, token string) (string, error) {
+	if token == "" {
+		return "", ErrUnauthenticated
+	}
+	id, err := a.Verifier.Verify(ctx, token)
+	switch {
+	case errors.Is(err, auth.ErrInvalidToken):
+		return "", ErrUnauthenticated
+	case err != nil:
+		return "", err
+	case !id.Admin:
+		return "", ErrForbidden
+	}
+	return id.Subject, nil
+}
+
+// AnyOf accepts the credentials that one of its Authorizers accepts, trying
+// them in turn: e.g. the operators' JWTs and the shared operator token.
+// Refused by all, it says ErrForbidden if one of them knew the credentials
+// and refused them, else ErrUnauthenticated.
+type AnyOf []Authorizer
+
+// Operator implements Authorizer.
+func (as AnyOf) Operator(ctx context.Context, token string) (string, error) {
+	refusal := ErrUnauthenticated
+	for _, a := range as {
+		who, err := a.Operator(ctx, token)
+		switch {
+		case err == nil:
+			return who, nil
+		case errors.Is(err, ErrForbidden):
+			refusal = ErrForbidden
+		case !errors.Is(err, ErrUnauthenticated):
+			return "", err
+		}
+	}
+	return "", refusal
 }
 
 // requestToken is the bearer token of r's Authorization header, else the

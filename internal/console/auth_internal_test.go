@@ -1,11 +1,15 @@
 package console
 
 import (
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/apptest"
+	"github.com/onceflow/onceflow/internal/auth"
 )
 
 func TestTokenAuth(t *testing.T) {
@@ -20,6 +24,43 @@ func TestTokenAuth(t *testing.T) {
 	require.ErrorIs(t, err, ErrForbidden)
 	_, err = TokenAuth{}.Operator(t.Context(), "anything")
 	require.ErrorIs(t, err, ErrForbidden, "no token configured: nobody is an operator")
+}
+
+// An operator's JWT is what the services accept with role admin; a
+// customer's is refused, and one that does not verify is no sign-in.
+func TestJWTAuth(t *testing.T) {
+	t.Parallel()
+	issuer, url := apptest.StartIssuer(t)
+	v, err := auth.NewVerifier(t.Context(), auth.Config{JWKSURL: url + auth.JWKSPath, Issuer: url, Audience: auth.DefaultAudience}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	a := JWTAuth{Verifier: v}
+	admin, err := issuer.Token(auth.TokenRequest{Subject: "ops", Admin: true})
+	require.NoError(t, err)
+	who, err := a.Operator(t.Context(), admin)
+	require.NoError(t, err)
+	require.Equal(t, "ops", who)
+
+	alice, err := issuer.Token(auth.TokenRequest{Subject: "alice"})
+	require.NoError(t, err)
+	_, err = a.Operator(t.Context(), alice)
+	require.ErrorIs(t, err, ErrForbidden)
+	_, err = a.Operator(t.Context(), "")
+	require.ErrorIs(t, err, ErrUnauthenticated)
+	_, err = a.Operator(t.Context(), admin[:len(admin)-4]+"AAAA")
+	require.ErrorIs(t, err, ErrUnauthenticated, "a forged signature")
+
+	// Beside the shared token: either signs in.
+	both := AnyOf{TokenAuth{Token: "s3cret", Name: "shared"}, a}
+	who, err = both.Operator(t.Context(), "s3cret")
+	require.NoError(t, err)
+	require.Equal(t, "shared", who)
+	who, err = both.Operator(t.Context(), admin)
+	require.NoError(t, err)
+	require.Equal(t, "ops", who)
+	_, err = both.Operator(t.Context(), alice)
+	require.ErrorIs(t, err, ErrForbidden)
+	_, err = both.Operator(t.Context(), "")
+	require.ErrorIs(t, err, ErrUnauthenticated)
 }
 
 func TestRequestToken(t *testing.T) {

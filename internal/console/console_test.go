@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/audit"
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/console"
 	"github.com/onceflow/onceflow/internal/dev"
 	"github.com/onceflow/onceflow/internal/dlq"
@@ -57,7 +58,15 @@ func start(t *testing.T) *system {
 	_, err = dev.Seed(ctx, e)
 	require.NoError(t, err)
 	s := &system{env: e, pools: map[string]*pgxpool.Pool{}}
-	cfg := console.Config{Audit: audit.Config{NATSURL: e.NATSURL, NATSCreds: e.NATSCreds[streams.Operator]}, Auth: console.TokenAuth{Token: operatorToken, Name: "ops"}, Live: 200 * time.Millisecond}
+	// Operators sign in with the services' JWTs (role admin) or the shared
+	// token.
+	verifier, err := auth.NewVerifier(ctx, e.AuthConfig(), testLogger(t))
+	require.NoError(t, err)
+	cfg := console.Config{
+		Audit: audit.Config{NATSURL: e.NATSURL, NATSCreds: e.NATSCreds[streams.Operator]},
+		Auth:  console.AnyOf{console.TokenAuth{Token: operatorToken, Name: "ops"}, console.JWTAuth{Verifier: verifier}},
+		Live:  200 * time.Millisecond,
+	}
 	for _, svc := range e.Services {
 		pool, err := postgres.Connect(ctx, svc.DatabaseURL)
 		require.NoError(t, err)
@@ -246,10 +255,12 @@ func TestConsoleInABrowser(t *testing.T) {
 	entryURL := fmt.Sprintf("%s/dlq/%d", s.console, entry)
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(entryURL), chromedp.Click(chromedp.CSS("#replay"))))
 	awaitText(t, ctx, "#error", "only an operator can do this: sign in first")
-	// A customer's token: refused too.
+	// A customer's token, which the services accept: refused too.
+	alice, err := s.env.Token("alice", false)
+	require.NoError(t, err)
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-			_, err := cdp.Call(ctx, tg, network.SetCookie, network.SetCookieParams{Name: "onceflow_console_token", Value: "alice-token", URL: s.console})
+			_, err := cdp.Call(ctx, tg, network.SetCookie, network.SetCookieParams{Name: "onceflow_console_token", Value: alice, URL: s.console})
 			return err
 		}),
 		chromedp.Navigate(entryURL), chromedp.Click(chromedp.CSS("#replay"))))
@@ -257,10 +268,13 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(entryURL)))
 	require.Equal(t, "open", textOf(t, ctx, "#entry-status"))
 
-	// An operator signs in and replays it: the order finishes.
+	// An operator signs in with an admin token and replays it: the order
+	// finishes.
+	admin, err := s.env.Token("ops", true)
+	require.NoError(t, err)
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(s.console+"/login?next="+fmt.Sprintf("/dlq/%d", entry)),
-		chromedp.SendKeys(chromedp.CSS("#token"), operatorToken),
+		chromedp.SendKeys(chromedp.CSS("#token"), admin),
 		chromedp.Click(chromedp.CSS("#signin")),
 		chromedp.WaitVisible(chromedp.CSS("#replay")),
 		chromedp.Click(chromedp.CSS("#replay"))))

@@ -382,6 +382,11 @@ func (e *Env) newIssuer(ctx context.Context, cfg Config) error {
 	return err
 }
 
+// AuthConfig is how the services verify the dev issuer's tokens.
+func (e *Env) AuthConfig() auth.Config {
+	return auth.Config{JWKSURL: e.IssuerURL + auth.JWKSPath, Issuer: e.IssuerURL, Audience: auth.DefaultAudience}
+}
+
 // Token is a token of the dev issuer for customer, an operator's with admin.
 func (e *Env) Token(customer string, admin bool) (string, error) {
 	return e.Issuer.Token(auth.TokenRequest{Subject: customer, Admin: admin})
