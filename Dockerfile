@@ -10,12 +10,20 @@ COPY . .
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/onceflow ./cmd/onceflow
+# The image user's home: compose mounts the nats-auth volume there, and a
+# new volume takes the owner of the directory it is mounted on.
+RUN mkdir -p /out/home/nonroot
 
 # Static binary, no shell, no package manager; runs as uid 65532. The
-# healthcheck is the binary itself: `onceflow healthcheck URL`.
-FROM gcr.io/distroless/static-debian12:nonroot
+# healthcheck is the binary itself: `onceflow healthcheck URL`. From scratch
+# rather than a distroless image, whose tags move: nothing here changes
+# unless golang's pinned tag does. The CA roots are the build image's, for
+# an identity provider's JWKS over https.
+FROM scratch
+COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/
 COPY --from=build /out/onceflow /onceflow
-USER nonroot:nonroot
+COPY --from=build --chown=65532:65532 /out/home/nonroot /home/nonroot
+USER 65532:65532
 ENV HTTP_ADDR=0.0.0.0:8080 LOG_FORMAT=json
 EXPOSE 8080
 ENTRYPOINT ["/onceflow"]

@@ -364,12 +364,12 @@ func TestComposeConsole(t *testing.T) {
 }
 
 // A pulled image is pinned to a release (a tag with its full version,
-// PostgreSQL's being major.minor, or a digest): no tag, `latest` or a
-// moving tag like 15-alpine changes under the demo. The onceflow image is
-// the one compose builds.
+// major.minor.patch, PostgreSQL's being major.minor, or a digest): no tag,
+// `latest` or a moving tag like 15-alpine or 2.12 changes under the demo.
+// The onceflow image is the one compose builds.
 func TestComposeImagesArePinned(t *testing.T) {
 	t.Parallel()
-	pinned := regexp.MustCompile(`:v?[0-9]+(\.[0-9]+){1,2}(-[a-z0-9.]+)?$|@sha256:[0-9a-f]{64}$`)
+	pinned := regexp.MustCompile(`^[^:@]+:v?[0-9]+\.[0-9]+\.[0-9]+(-[a-z0-9.]+)?$|^postgres:[0-9]+\.[0-9]+(-[a-z0-9.]+)?$|@sha256:[0-9a-f]{64}$`)
 	project := loadCompose(t, observabilityProfile)
 	for name, svc := range project.Services {
 		require.NotEmpty(t, svc.Image, "%s names no image", name)
@@ -377,5 +377,15 @@ func TestComposeImagesArePinned(t *testing.T) {
 			continue
 		}
 		require.Regexp(t, pinned, svc.Image, "%s's image is not pinned to a version", name)
+	}
+	// And so is every image the onceflow image is built from.
+	dockerfile, err := os.ReadFile("../../Dockerfile")
+	require.NoError(t, err)
+	from := regexp.MustCompile(`(?m)^FROM\s+(\S+)`).FindAllStringSubmatch(string(dockerfile), -1)
+	require.NotEmpty(t, from)
+	for _, m := range from {
+		if m[1] != "scratch" {
+			require.Regexp(t, pinned, m[1], "the Dockerfile's FROM %s is not pinned to a version", m[1])
+		}
 	}
 }
