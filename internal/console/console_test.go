@@ -312,6 +312,9 @@ func (s *system) poison(t *testing.T) (entry uint64, order string) {
 	ctx := t.Context()
 	lock, err := s.pools["inventory"].Begin(ctx)
 	require.NoError(t, err)
+	// Released before the pools close (which would wait for it) even if
+	// an assertion below stops the test.
+	t.Cleanup(func() { _ = lock.Rollback(context.WithoutCancel(ctx)) })
 	_, err = lock.Exec(ctx, `LOCK TABLE stock IN ACCESS EXCLUSIVE MODE`)
 	require.NoError(t, err)
 	order = s.placeOrder(t, "alice", `{"sku":"plum","quantity":1}`)
