@@ -399,6 +399,42 @@ func TestMaxDeliverExhaustionIsDeadLettered(t *testing.T) {
 	})
 }
 
+// A failing event comes back later each time: its nak asks for a delay
+// that doubles with each delivery. Only lower bounds are asserted, as the
+// server never redelivers early; a delay that did not grow would bring the
+// last delivery back eight times too soon.
+func TestRedeliveriesBackOff(t *testing.T) {
+	t.Parallel()
+	both(t, func(t *testing.T, batched bool) {
+		const base, deliveries = 100 * time.Millisecond, 5
+		e := setup(t, streams.Consumer{MaxDeliver: deliveries + 1})
+		var (
+			mu sync.Mutex
+			at []time.Time // of each delivery
+		)
+		c := e.start(t, inbox.Config{Batched: batched, NakDelay: base}, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			mu.Lock()
+			defer mu.Unlock()
+			at = append(at, time.Now())
+			if len(at) < deliveries {
+				return errors.New("the ledger is locked")
+			}
+			return writeEffect(ctx, tx, ev)
+		})
+		ev := newEvent(t)
+		e.publish(t, ev)
+
+		require.Eventually(t, func() bool { return c.Stats().Processed == 1 }, waitFor, tick)
+		require.Equal(t, inbox.Stats{Processed: 1, Retried: deliveries - 1}, c.Stats())
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, at, deliveries)
+		for i := 1; i < deliveries; i++ {
+			require.GreaterOrEqual(t, at[i].Sub(at[i-1]), base<<(i-1), "the wait before delivery %d", i+1)
+		}
+	})
+}
+
 // A write that fails fails its own event, whatever its place in the
 // batch: only the target is retried and dead-lettered.
 func TestAFailedWriteFailsItsOwnEvent(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -427,6 +428,36 @@ func TestPublishFailureMarksNothingAndRunKeepsGoing(t *testing.T) {
 		return lag.Unsent == 0
 	}, 5*time.Second, 10*time.Millisecond)
 	require.Len(t, streamMsgs(t, f.js, streams.Orders), rounds)
+}
+
+// A publish that no stream answered fails the flush at once: the client
+// does not send it again by itself, which would put it behind the rows
+// published after it. Here the stream is created as soon as the first
+// refusal is in, well within the client's retry wait: the flush still
+// fails and marks nothing, and the next flush publishes the row.
+func TestAPublishNoStreamAnsweredIsNotRetriedByTheClient(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := setup(t) // no streams yet
+	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 1))
+	r := f.relay(outbox.RelayConfig{})
+
+	received := f.js.Conn().Stats().InMsgs
+	flushed := make(chan error, 1)
+	go func() {
+		_, err := r.Flush(ctx)
+		flushed <- err
+	}()
+	require.Eventually(t, func() bool { return f.js.Conn().Stats().InMsgs > received },
+		10*time.Second, time.Millisecond, "the publish's refusal")
+	f.provision(t, 0)
+	require.ErrorIs(t, <-flushed, jetstream.ErrNoStreamResponse)
+	requireLag(t, r, 1)
+
+	n, err := r.Flush(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Len(t, streamMsgs(t, f.js, streams.Orders), 1)
 }
 
 func TestPublishFailureMarksOnlyThePrefixSent(t *testing.T) {
@@ -881,6 +912,76 @@ func TestLateCommitGoesOutBeforeItsAggregatesNextEvent(t *testing.T) {
 		}
 	}
 	require.Equal(t, []string{lateFirst.ID.String(), lateSecond.ID.String()}, lateIDs)
+}
+
+// A row that commits late below rows still in flight opens the next claim's
+// window over them: the claim must leave them out. A second publish of a
+// row would be absorbed by the stream's duplicate window, so the test
+// counts the publishes themselves, as a plain subscriber sees them.
+func TestALateCommitDoesNotRepublishTheRowsInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := setup(t)
+	f.provision(t, 0)
+	published := countPublishes(t, f.nats, "orders.>")
+
+	evs := make([]event.Envelope, 8)
+	for i := range evs {
+		evs[i] = newEvent(t, event.OrderPlaced, fmt.Sprintf("order-%d", i), 1)
+	}
+	enqueue(t, f.db.Pool, evs[0])
+	late := testenv.Begin(t, f.db.Pool)
+	require.NoError(t, outbox.Enqueue(ctx, late, evs[1])) // the second id, not yet committed
+	enqueue(t, f.db.Pool, evs[2:]...)
+
+	// Windows of three ids: the first batch is rows 1 and 3, the second,
+	// claimed at once, 4 to 6. The late row commits once the first is
+	// acknowledged, and the claim that marks it starts at row 2, its window
+	// reaching row 4, in flight.
+	r := f.relay(outbox.RelayConfig{BatchSize: 3})
+	committed := false
+	outbox.SetAfterPublish(r, func() error {
+		if !committed {
+			committed = true
+			require.NoError(t, late.Commit(ctx))
+		}
+		return nil
+	})
+	n, err := r.Flush(ctx)
+	require.NoError(t, err)
+	require.Equal(t, len(evs), n)
+	requireLag(t, r, 0)
+
+	want := make(map[string]int, len(evs))
+	for _, ev := range evs {
+		want[ev.ID.String()] = 1
+	}
+	require.Equal(t, want, published(), "publishes of each event")
+}
+
+// countPublishes subscribes to subject and returns a function that tells
+// how many times each event was published on it so far, by event id.
+func countPublishes(t *testing.T, n *testenv.NATS, subject string) func() map[string]int {
+	t.Helper()
+	nc := n.Conn(t)
+	sub, err := nc.SubscribeSync(subject)
+	require.NoError(t, err)
+	require.NoError(t, nc.Flush()) // subscribed before anything is published
+	counts := make(map[string]int)
+	return func() map[string]int {
+		t.Helper()
+		// The server forwards a publish to subscribers before it answers
+		// it; a round trip after the last answer brings in every one.
+		require.NoError(t, nc.Flush())
+		for {
+			m, err := sub.NextMsg(0)
+			if errors.Is(err, nats.ErrTimeout) {
+				return counts
+			}
+			require.NoError(t, err)
+			counts[m.Header.Get(event.HeaderID)]++
+		}
+	}
 }
 
 // A batch is a window of ids; ids burned by rolled-back transactions leave

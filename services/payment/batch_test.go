@@ -1,11 +1,14 @@
 package payment_test
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
@@ -151,4 +154,60 @@ func TestOrdersOfOneWalletAreDebitedInStreamOrder(t *testing.T) {
 		require.Len(t, outcomes.Seen(), len(orders))
 		require.Equal(t, int64(100), balance(t, svc, "erin"))
 	})
+}
+
+// Two refund batches over the same two wallets, their orders in opposite
+// wallet orders, run at once. Each locks the wallets of its batch in key
+// order before its first refund, so neither can hold one wallet while it
+// waits for the other's: no deadlock (40P01). The test holds each batch
+// at its second refund, on that payment's row, until both have begun.
+func TestRefundBatchesInOppositeOrdersDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := testenv.NewServiceDatabase(t, payment.Name)
+	svc := payment.New(db.Pool)
+	_, err := db.Pool.Exec(ctx, `INSERT INTO wallets (customer_id, balance_cents) VALUES ('ann', 1000), ('bob', 1000)`)
+	require.NoError(t, err)
+	placed := map[string]event.Envelope{}
+	paid := testenv.Begin(t, db.Pool)
+	for _, order := range []string{"ann1", "ann2", "bob1", "bob2"} {
+		placed[order] = orderPlaced(t, order[:3], 100)
+		require.NoError(t, svc.HandleOrderPlaced(ctx, paid, placed[order]))
+	}
+	require.NoError(t, paid.Commit(ctx))
+
+	hold := testenv.Begin(t, db.Pool)
+	_, err = hold.Exec(ctx, `SELECT FROM payments WHERE order_id = ANY($1) FOR UPDATE`,
+		[]uuid.UUID{uuid.MustParse(placed["bob1"].Subject), uuid.MustParse(placed["ann2"].Subject)})
+	require.NoError(t, err)
+	batches := [][]event.Envelope{
+		{stockRejected(t, placed["ann1"]), stockRejected(t, placed["bob1"])},
+		{stockRejected(t, placed["bob2"]), stockRejected(t, placed["ann2"])},
+	}
+	errs := make([]error, len(batches))
+	var wg sync.WaitGroup
+	for i, evs := range batches {
+		tx := testenv.Begin(t, db.Pool)
+		wg.Go(func() {
+			if errs[i] = svc.HandleStockRejectedBatch(ctx, tx, evs, nil); errs[i] == nil {
+				errs[i] = tx.Commit(ctx)
+			}
+		})
+	}
+	t.Cleanup(wg.Wait) // before the transactions' rollbacks
+	require.Eventually(t, func() bool {
+		var waiting int
+		err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
+		return err == nil && waiting == len(batches)
+	}, 30*time.Second, 10*time.Millisecond, "both batches wait for a lock")
+	require.NoError(t, hold.Rollback(ctx))
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+
+	var ann, bob int64
+	require.NoError(t, db.Pool.QueryRow(ctx,
+		`SELECT sum(balance_cents) FILTER (WHERE customer_id = 'ann'), sum(balance_cents) FILTER (WHERE customer_id = 'bob') FROM wallets`).
+		Scan(&ann, &bob))
+	require.Equal(t, []int64{1000, 1000}, []int64{ann, bob}, "every order refunded")
 }
