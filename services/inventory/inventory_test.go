@@ -19,6 +19,7 @@ import (
 	"github.com/onceflow/onceflow/internal/apptest"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/services/inventory"
 )
 
@@ -505,4 +506,20 @@ func TestInvalidPaymentDebitedIsDeadLettered(t *testing.T) {
 		require.Equal(t, int64(10), available(t, svc, "apple"))
 		require.Empty(t, emitted(t, svc))
 	})
+}
+
+// TestHandlersWriteOnlyInTheirTransaction runs the handler, on each of its
+// paths, in a transaction that is then rolled back: its stock,
+// reservation and outbox writes roll back with it.
+func TestHandlersWriteOnlyInTheirTransaction(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewServiceDatabase(t, inventory.Name)
+	s := inventory.New(db.Pool)
+	_, err := db.Pool.Exec(t.Context(), `INSERT INTO stock (sku, available) VALUES ('kiwi', 5)`)
+	require.NoError(t, err)
+
+	apptest.RequireRollsBack(t, db.Pool,
+		apptest.Handled{Name: "PaymentDebited reserved", Handle: s.HandlePaymentDebited, Event: paymentDebited(t, line("kiwi", 2))},
+		apptest.Handled{Name: "PaymentDebited rejected", Handle: s.HandlePaymentDebited, Event: paymentDebited(t, line("kiwi", 9))},
+	)
 }

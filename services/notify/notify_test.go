@@ -19,6 +19,7 @@ import (
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox"
 	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/services/notify"
 )
 
@@ -409,4 +410,22 @@ func TestHandlersRefuseOtherEventTypes(t *testing.T) {
 		})
 	}
 	require.Zero(t, countNotifications(t, svc.DB.Pool))
+}
+
+// TestHandlersWriteOnlyInTheirTransaction runs each handler in a
+// transaction that is then rolled back: its notification rolls back with
+// it.
+func TestHandlersWriteOnlyInTheirTransaction(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewServiceDatabase(t, notify.Name)
+	s := notify.New(db.Pool)
+	placed := orderPlaced(t, "lou", "lou@shop.example")
+
+	apptest.RequireRollsBack(t, db.Pool,
+		apptest.Handled{Name: "OrderMilestone", Handle: s.HandleOrderMilestone, Event: placed},
+		apptest.Handled{Name: "OrderPlaced", Handle: s.HandleOrderPlaced, Event: placed},
+		apptest.Handled{Name: "OrderConfirmed", Handle: s.HandleOrderConfirmed, Event: milestone(t, placed, event.OrderConfirmed)},
+		apptest.Handled{Name: "OrderRejected", Handle: s.HandleOrderRejected, Event: milestone(t, placed, event.OrderRejected)},
+		apptest.Handled{Name: "OrderCancelled", Handle: s.HandleOrderCancelled, Event: milestone(t, placed, event.OrderCancelled)},
+	)
 }

@@ -460,3 +460,21 @@ func TestSecondOutcomeForAnOrderEmitsOneTerminalEvent(t *testing.T) {
 		require.Zero(t, svc.InboxCount(t, streams.OrderPayments, "dead_lettered")+svc.InboxCount(t, streams.OrderInventory, "dead_lettered"))
 	})
 }
+
+// TestHandlersWriteOnlyInTheirTransaction runs each handler on a pending
+// order in a transaction that is then rolled back: its order, timeline and
+// outbox writes roll back with it.
+func TestHandlersWriteOnlyInTheirTransaction(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewServiceDatabase(t, order.Name)
+	s := order.New(db.Pool)
+	o := seedOrders(t, 5, db.Pool)
+
+	apptest.RequireRollsBack(t, db.Pool,
+		apptest.Handled{Name: "PaymentDebited", Handle: s.HandlePaymentDebited, Event: o[0].debited()},
+		apptest.Handled{Name: "PaymentRejected", Handle: s.HandlePaymentRejected, Event: o[1].paymentRejected("insufficient funds")},
+		apptest.Handled{Name: "PaymentRefunded", Handle: s.HandlePaymentRefunded, Event: o[2].refunded()},
+		apptest.Handled{Name: "StockReserved", Handle: s.HandleStockReserved, Event: o[3].reserved()},
+		apptest.Handled{Name: "StockRejected", Handle: s.HandleStockRejected, Event: o[4].stockRejected("no pears")},
+	)
+}

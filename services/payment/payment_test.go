@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/onceflow/onceflow/internal/apptest"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/services/payment"
 )
 
@@ -317,4 +319,23 @@ func TestRefundWhoseCommitFailsEmitsNothing(t *testing.T) {
 		require.Equal(t, int64(1000), balance(t, svc, "heidi"))
 		require.Equal(t, 2, emitted(t, svc), "the debit and one refund")
 	})
+}
+
+// TestHandlersWriteOnlyInTheirTransaction runs each handler, on each of
+// its paths that writes, in a transaction that is then rolled back: its
+// payment, wallet and outbox writes roll back with it.
+func TestHandlersWriteOnlyInTheirTransaction(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewServiceDatabase(t, payment.Name)
+	s := payment.New(db.Pool)
+	_, err := db.Pool.Exec(t.Context(), `INSERT INTO wallets (customer_id, balance_cents) VALUES ('judy', 1000)`)
+	require.NoError(t, err)
+	paid := orderPlaced(t, "judy", 400)
+	apptest.InTx(t, db.Pool, func(ctx context.Context, tx pgx.Tx) error { return s.HandleOrderPlaced(ctx, tx, paid) })
+
+	apptest.RequireRollsBack(t, db.Pool,
+		apptest.Handled{Name: "OrderPlaced debited", Handle: s.HandleOrderPlaced, Event: orderPlaced(t, "judy", 300)},
+		apptest.Handled{Name: "OrderPlaced rejected", Handle: s.HandleOrderPlaced, Event: orderPlaced(t, "judy", 5000)},
+		apptest.Handled{Name: "StockRejected refunded", Handle: s.HandleStockRejected, Event: stockRejected(t, paid)},
+	)
 }
