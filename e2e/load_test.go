@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -348,7 +349,8 @@ func (d *driver) run(ctx context.Context, during func(ctx context.Context) error
 	}
 	<-faultDone
 	if err != nil {
-		return fmt.Errorf("load: %w", err)
+		// Both: a fault that failed often makes the load give up too.
+		return errors.Join(fmt.Errorf("load: %w", err), faultErr)
 	}
 	return faultErr
 }

@@ -166,6 +166,13 @@ func (s *pgServer) outage(ctx context.Context, databases []string, crash bool) (
 			how, stop = "kill_9_postmaster", s.cluster.Crash
 		}
 		if err := stop(ctx); err != nil {
+			// Up again for the tests that follow, whatever this one's fate.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+			defer cancel()
+			if rerr := s.cluster.Restart(rctx); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("and starting it again: %w", rerr))
+			}
+			s.admin.Reset()
 			return "", err
 		}
 		// The admin pool's connections broke with the others.

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceflow/onceflow/internal/freeport"
 )
@@ -28,8 +29,12 @@ var ErrNotInstalled = errors.New("no PostgreSQL binaries (initdb, postgres)")
 
 const (
 	defaultMaxConnections = 300
-	// readyTimeout bounds start-up, crash recovery after a restart included.
-	readyTimeout = 60 * time.Second
+	// readyTimeout bounds start-up; recoveryTimeout bounds it while the
+	// server answers that it is starting up: crash recovery replays the
+	// WAL since the last checkpoint, which on a busy machine can take
+	// longer, and a server killed for being slow would only start over.
+	readyTimeout    = 60 * time.Second
+	recoveryTimeout = 5 * time.Minute
 	// stopTimeout bounds a fast shutdown before the server is killed.
 	stopTimeout = 30 * time.Second
 )
@@ -323,14 +328,24 @@ func (c *Cluster) start(ctx context.Context) error {
 // start-up time is up. The server's lines of this run start at logStart in
 // its log.
 func (c *Cluster) waitReady(ctx context.Context, p *process, logStart int64) error {
-	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	ctx, cancel := context.WithTimeout(ctx, recoveryTimeout)
 	defer cancel()
 	ticker := time.NewTicker(50 * time.Millisecond)
 	defer ticker.Stop()
+	// A server that answers it is starting up has readyTimeout from its
+	// last such answer, up to recoveryTimeout in all.
+	deadline := time.Now().Add(readyTimeout)
 	for {
 		err := ping(ctx, c.URL("postgres"))
 		if err == nil {
 			return nil
+		}
+		if starting(err) {
+			deadline = time.Now().Add(readyTimeout)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("postgres not accepting connections on port %d after %s (last attempt: %v); server log %s:\n%s",
+				c.port, readyTimeout, err, c.logPath, c.logTail())
 		}
 		select {
 		case <-p.done:
@@ -345,6 +360,13 @@ func (c *Cluster) waitReady(ctx context.Context, p *process, logStart int64) err
 		case <-ticker.C:
 		}
 	}
+}
+
+// starting reports whether err is a server's answer that it is starting
+// up (or recovering): it is alive and getting there.
+func starting(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57P03" // cannot_connect_now
 }
 
 func ping(ctx context.Context, url string) error {
