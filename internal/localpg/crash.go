@@ -37,10 +37,9 @@ func (c *Cluster) Crash(ctx context.Context) error {
 	}
 	p := c.proc
 	c.proc = nil
-	pgid := p.cmd.Process.Pid // the postmaster leads its process group
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)
 	<-p.done
-	if err := reapOrphans(ctx, pgid); err != nil {
+	if err := reapOrphans(ctx, c.dataDir()); err != nil {
 		return fmt.Errorf("crash postgres: %w", err)
 	}
 
@@ -62,24 +61,30 @@ func (c *Cluster) Crash(ctx context.Context) error {
 	return nil
 }
 
-// reapOrphans waits up to orphanGrace for the processes of group pgid to
-// exit, then kills those left and waits for them.
-func reapOrphans(ctx context.Context, pgid int) error {
+// reapOrphans waits up to orphanGrace for the processes of the killed
+// server on dataDir to exit, then kills those left and waits for them.
+// They are found by their working directory, the data directory: each
+// backend runs in a session of its own (PostgreSQL calls setsid), so the
+// postmaster's process group does not hold them, and once it is dead they
+// are the children of init.
+func reapOrphans(ctx context.Context, dataDir string) error {
 	deadline := time.Now().Add(orphanGrace)
 	killed := false
 	for {
-		alive, err := groupAlive(pgid)
+		pids, err := processesIn(dataDir)
 		if err != nil {
 			return err
 		}
-		if !alive {
+		if len(pids) == 0 {
 			return nil
 		}
 		if !killed && time.Now().After(deadline) {
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			for _, pid := range pids {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
 			killed, deadline = true, time.Now().Add(orphanGrace)
 		} else if killed && time.Now().After(deadline) {
-			return fmt.Errorf("the backends of process group %d did not exit after SIGKILL", pgid)
+			return fmt.Errorf("the processes %v of the killed server on %s did not exit after SIGKILL", pids, dataDir)
 		}
 		select {
 		case <-ctx.Done():
@@ -89,32 +94,27 @@ func reapOrphans(ctx context.Context, pgid int) error {
 	}
 }
 
-// groupAlive reports whether a process of group pgid is running: one not
-// yet exited (a zombie waiting to be reaped by whoever adopted it holds no
-// shared memory and does not count).
-func groupAlive(pgid int) (bool, error) {
-	stats, err := filepath.Glob("/proc/[0-9]*/stat")
+// processesIn returns the processes whose working directory is dir. A
+// zombie, waiting to be reaped by whoever adopted it, has none (nor any
+// shared memory attached) and is not one of them.
+func processesIn(dir string) ([]int, error) {
+	want, err := filepath.EvalSymlinks(dir)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	for _, path := range stats {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			continue // exited meanwhile
+	cwds, err := filepath.Glob("/proc/[0-9]*/cwd")
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, cwd := range cwds {
+		got, err := os.Readlink(cwd)
+		if err != nil || got != want {
+			continue // exited meanwhile, a zombie, or not ours to read
 		}
-		// "pid (comm) state ppid pgrp …"; comm may hold spaces and
-		// parentheses, so the fields are counted from the last ')'.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		fields := bytes.Fields(b[i+1:])
-		if len(fields) < 3 || string(fields[0]) == "Z" {
-			continue
-		}
-		if g, err := strconv.Atoi(string(fields[2])); err == nil && g == pgid {
-			return true, nil
+		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(cwd))); err == nil {
+			pids = append(pids, pid)
 		}
 	}
-	return false, nil
+	return pids, nil
 }

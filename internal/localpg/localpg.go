@@ -411,7 +411,10 @@ func (c *Cluster) stopServer(ctx context.Context) error {
 	}
 	p.kill()
 	<-p.done
-	return fmt.Errorf("postgres did not shut down in time and was killed; server log %s:\n%s", c.logPath, c.logTail())
+	// Its backends are not in its process group: gone before a restart
+	// (bounded by reapOrphans whatever ctx says).
+	reapErr := reapOrphans(context.WithoutCancel(ctx), c.dataDir())
+	return errors.Join(fmt.Errorf("postgres did not shut down in time and was killed; server log %s:\n%s", c.logPath, c.logTail()), reapErr)
 }
 
 const (

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -78,11 +79,7 @@ func TestMissingBinaries(t *testing.T) {
 func TestCrashRecovers(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	logger := slog.New(slog.NewTextHandler(t.Output(), nil))
-
-	cluster, err := localpg.Start(ctx, localpg.Config{Durable: true}, logger)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, cluster.Stop(context.Background())) })
+	cluster := startDurable(t)
 
 	conn, err := pgx.Connect(ctx, cluster.URL("postgres"))
 	require.NoError(t, err)
@@ -111,4 +108,47 @@ func TestCrashRecovers(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []int{42}, ns)
 	require.NoError(t, cluster.Crash(ctx), "a second crash, on a recovered server")
+}
+
+// A backend busy computing does not notice its postmaster's death (it
+// looks only while it waits), and keeps the old shared memory attached,
+// which a new postmaster refuses to start beside: Crash waits for it, then
+// kills it.
+func TestCrashOutlivesABusyBackend(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	cluster := startDurable(t)
+
+	busy, err := pgx.Connect(ctx, cluster.URL("postgres"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = busy.Close(context.Background()) })
+	var pid int
+	require.NoError(t, busy.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	go func() { _, _ = busy.Exec(ctx, "SELECT count(*) FROM generate_series(1, 10000000000)") }()
+	require.Eventually(t, func() bool {
+		conn, err := pgx.Connect(ctx, cluster.URL("postgres"))
+		if err != nil {
+			return false
+		}
+		defer conn.Close(ctx)
+		var state string
+		err = conn.QueryRow(ctx, "SELECT state FROM pg_stat_activity WHERE pid = $1", pid).Scan(&state)
+		return err == nil && state == "active"
+	}, 10*time.Second, 20*time.Millisecond, "the busy query is running")
+
+	require.NoError(t, cluster.Crash(ctx))
+	conn, err := pgx.Connect(ctx, cluster.URL("postgres"))
+	require.NoError(t, err)
+	require.NoError(t, conn.Close(ctx))
+}
+
+// startDurable starts a durable cluster (one that can crash and recover)
+// for the test.
+func startDurable(t *testing.T) *localpg.Cluster {
+	t.Helper()
+	logger := slog.New(slog.NewTextHandler(t.Output(), nil))
+	cluster, err := localpg.Start(t.Context(), localpg.Config{Durable: true}, logger)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, cluster.Stop(context.Background())) })
+	return cluster
 }
