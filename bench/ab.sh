@@ -28,8 +28,13 @@ run() {
 		"$bin" healthcheck http://127.0.0.1:18083/readyz >/dev/null 2>&1 && break
 		sleep 0.5
 	done
+	# Builds since the HTTP tokens take them from dev's issuer.
+	local issuer=()
+	if "$bin" loadgen -h 2>&1 | grep -q -- -issuer-url; then
+		issuer=(--issuer-url http://127.0.0.1:18084)
+	fi
 	"$bin" loadgen --rate "$rate" --duration "$duration" --customers 200 --skus 200 \
-		--order-url http://127.0.0.1:18080 --payment-url http://127.0.0.1:18081 --inventory-url http://127.0.0.1:18082 2>/dev/null |
+		--order-url http://127.0.0.1:18080 --payment-url http://127.0.0.1:18081 --inventory-url http://127.0.0.1:18082 "${issuer[@]}" 2>/dev/null |
 		grep -E '^  (finished|placed→confirmed)' || true
 	kill -INT "$dev"
 	wait "$dev" || true

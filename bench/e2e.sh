@@ -76,7 +76,7 @@ for sync in $syncs; do
 			"$bin" healthcheck http://127.0.0.1:18083/readyz >/dev/null 2>&1 && break
 			sleep 0.5
 		done
-		urls=(--order-url http://127.0.0.1:18080 --payment-url http://127.0.0.1:18081 --inventory-url http://127.0.0.1:18082)
+		urls=(--order-url http://127.0.0.1:18080 --payment-url http://127.0.0.1:18081 --inventory-url http://127.0.0.1:18082 --issuer-url http://127.0.0.1:18084)
 		echo
 		echo "== $sync, rate ${r/#0/as fast as possible}, $duration"
 		echo "   onceflow loadgen --rate $r --duration $duration --customers $customers --skus $skus"

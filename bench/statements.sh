@@ -67,7 +67,8 @@ start=$(( (secs - window) / 2 ))
 window_job=$!
 echo "running: onceflow loadgen --rate $rate --duration $duration; window: ${window}s from ${start}s"
 "$bin" loadgen --rate "$rate" --duration "$duration" --customers 200 --skus 200 \
-	--order-url http://127.0.0.1:18080 --payment-url http://127.0.0.1:18081 --inventory-url http://127.0.0.1:18082 2>/dev/null |
+	--order-url http://127.0.0.1:18080 --payment-url http://127.0.0.1:18081 --inventory-url http://127.0.0.1:18082 \
+	--issuer-url http://127.0.0.1:18084 2>/dev/null |
 	grep -E 'placed |finished|placed→confirmed' || true
 wait "$window_job"
 

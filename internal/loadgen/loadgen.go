@@ -24,6 +24,7 @@ const (
 	DefaultSKUs           = 20
 	DefaultRequestTimeout = 10 * time.Second
 	DefaultSettleTimeout  = time.Minute
+	DefaultSeedTimeout    = time.Minute
 	// DefaultPollInterval is a second because following the orders loads
 	// the system under test (a poll reads every pending order with its
 	// lines and timeline): at 250ms, the reads cost about a tenth of a
@@ -53,6 +54,10 @@ type Config struct {
 	// SettleTimeout (default 1m) for the last of them to finish.
 	Duration      time.Duration
 	SettleTimeout time.Duration
+	// SeedTimeout bounds the seeding (default 1m): its requests are
+	// retried while the services start, not forever against one that is
+	// down or an issuer that is not there.
+	SeedTimeout time.Duration
 	// Customers and SKUs are how many of each the run seeds (default 20
 	// each); one in ten of each (at least one) is poor or scarce.
 	Customers, SKUs int
@@ -90,6 +95,7 @@ func (cfg *Config) defaults() error {
 	cfg.Customers = cmp.Or(max(cfg.Customers, 0), DefaultCustomers)
 	cfg.SKUs = cmp.Or(max(cfg.SKUs, 0), DefaultSKUs)
 	cfg.SettleTimeout = cmp.Or(max(cfg.SettleTimeout, 0), DefaultSettleTimeout)
+	cfg.SeedTimeout = cmp.Or(max(cfg.SeedTimeout, 0), DefaultSeedTimeout)
 	cfg.RequestTimeout = cmp.Or(max(cfg.RequestTimeout, 0), DefaultRequestTimeout)
 	cfg.PollInterval = cmp.Or(max(cfg.PollInterval, 0), DefaultPollInterval)
 	cfg.PoorShare = cmp.Or(cfg.PoorShare, DefaultPoorShare)
@@ -125,7 +131,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		defer t.CloseIdleConnections()
 	}
 	c := &client{http: cfg.Client, cfg: cfg}
-	world, err := seed(ctx, c, cfg)
+	seedCtx, cancel := context.WithTimeout(ctx, cfg.SeedTimeout)
+	world, err := seed(seedCtx, c, cfg)
+	cancel()
 	if err != nil {
 		return nil, err
 	}

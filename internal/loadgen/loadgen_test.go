@@ -200,3 +200,19 @@ func (l *lossyTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	return resp, nil
 }
+
+// A run whose services or issuer are not there gives up seeding after
+// SeedTimeout, naming what it could not reach, instead of retrying forever.
+func TestSeedingGivesUp(t *testing.T) {
+	t.Parallel()
+	nobody := fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePorts(t, 1)[0])
+	start := time.Now()
+	_, err := loadgen.Run(t.Context(), loadgen.Config{
+		OrderURL: nobody, PaymentURL: nobody, InventoryURL: nobody, IssuerURL: nobody,
+		Duration:    time.Second,
+		SeedTimeout: time.Second,
+	})
+	require.ErrorContains(t, err, "seed")
+	require.ErrorContains(t, err, "connection refused")
+	require.Less(t, time.Since(start), 10*time.Second)
+}
