@@ -50,6 +50,7 @@
 //
 // The auditor changes no data: it runs SELECTs in read-only transactions and
 // JetStream info requests. The one thing it creates is a short-lived
-// ephemeral consumer per stream (headers only, no acks) to read the
-// messages, deleted afterwards; the durables are only looked at.
+// ordered consumer per stream (internal/streamscan: in memory, headers
+// only, no acks) to read the messages, deleted afterwards; the durables
+// are only looked at.
 package audit

@@ -53,18 +53,10 @@ type deadLetter struct {
 // returns false, without scanning, when the stream holds more than limit
 // messages.
 func scan(ctx context.Context, st jetstream.Stream, limit uint64, f func(seq uint64, subject string, h nats.Header)) (bool, error) {
-	info, err := st.Info(ctx)
-	if err != nil {
-		return false, err
-	}
-	if info.State.Msgs > limit {
-		return false, nil
-	}
-	err = streamscan.Scan(ctx, st, jetstream.OrderedConsumerConfig{HeadersOnly: true}, func(m streamscan.Message) bool {
+	return streamscan.ScanAtMost(ctx, st, jetstream.OrderedConsumerConfig{HeadersOnly: true}, limit, func(m streamscan.Message) bool {
 		f(m.Seq, m.Subject, m.Header)
 		return true
 	})
-	return err == nil, err
 }
 
 // readMessages reads the headers of every message of the topology's streams.

@@ -297,8 +297,8 @@ func (c *Cluster) start(ctx context.Context) error {
 	cmd.Dir = c.dir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		// Its own process group: a terminal's SIGINT reaches only us, and
-		// Stop can kill the server together with its backends.
+		// Its own process group: a terminal's SIGINT reaches only us. (Its
+		// backends each start a session of their own: see reapOrphans.)
 		Setpgid: true,
 		// Die with the parent. The kernel sends it when the thread that
 		// started the child exits; Go does not end threads on its own.
@@ -462,7 +462,8 @@ func (c *Cluster) cleanup() error {
 	return nil
 }
 
-// kill kills the server's process group: the postmaster and its backends.
+// kill kills the postmaster's process group; its backends, each in a
+// session of its own, see it gone and exit (reapOrphans waits for them).
 func (p *process) kill() {
 	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 }

@@ -131,8 +131,9 @@ func (t Topology) operatorSubjects() []string {
 			"$JS.API.CONSUMER.INFO."+s.Name+".*",
 			"$JS.API.CONSUMER.NAMES."+s.Name,
 			"$JS.API.CONSUMER.LIST."+s.Name,
-			// The auditor reads a stream through an ephemeral consumer of
-			// its own, which expires when it stops.
+			// The auditor and the DLQ tool read a stream through an
+			// ordered consumer of their own (internal/streamscan), which
+			// expires when they stop.
 			"$JS.API.CONSUMER.CREATE."+s.Name+".*",
 			"$JS.API.CONSUMER.CREATE."+s.Name+".*.>",
 			"$JS.API.CONSUMER.MSG.NEXT."+s.Name+".*",

@@ -43,13 +43,23 @@ type Message struct {
 // read, when it stops answering. So a leader change or a node restart on a
 // cluster costs a pause, never a message read twice or skipped.
 func Scan(ctx context.Context, st jetstream.Stream, cfg jetstream.OrderedConsumerConfig, f func(Message) bool) error {
+	_, err := ScanAtMost(ctx, st, cfg, 0, f)
+	return err
+}
+
+// ScanAtMost is Scan for a stream of at most limit messages (0: any): it
+// returns false, without scanning, when st holds more.
+func ScanAtMost(ctx context.Context, st jetstream.Stream, cfg jetstream.OrderedConsumerConfig, limit uint64, f func(Message) bool) (bool, error) {
 	info, err := st.Info(ctx)
 	if err != nil {
-		return fmt.Errorf("scan: %w", err)
+		return false, fmt.Errorf("scan: %w", err)
 	}
 	last := info.State.LastSeq
-	if info.State.Msgs == 0 || cfg.OptStartSeq > last {
-		return nil
+	switch {
+	case limit > 0 && info.State.Msgs > limit:
+		return false, nil
+	case info.State.Msgs == 0 || cfg.OptStartSeq > last:
+		return true, nil
 	}
 	if cfg.DeliverPolicy == jetstream.DeliverAllPolicy && cfg.OptStartSeq > 0 {
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
@@ -58,7 +68,7 @@ func Scan(ctx context.Context, st jetstream.Stream, cfg jetstream.OrderedConsume
 	cfg.MaxResetAttempts = 5 // the client's backoff: about 25 s
 	cons, err := st.OrderedConsumer(ctx, cfg)
 	if err != nil {
-		return fmt.Errorf("scan consumer: %w", err)
+		return false, fmt.Errorf("scan consumer: %w", err)
 	}
 	defer func() {
 		info := cons.CachedInfo()
@@ -74,20 +84,20 @@ func Scan(ctx context.Context, st jetstream.Stream, cfg jetstream.OrderedConsume
 		done, err := fetch(ctx, cons, last, f)
 		switch {
 		case err == nil && done:
-			return nil
+			return true, nil
 		case err == nil:
 			quietSince = time.Time{}
 			continue
 		case !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, errUnfinished):
-			return fmt.Errorf("scan: %w", err)
+			return false, fmt.Errorf("scan: %w", err)
 		case quietSince.IsZero():
 			quietSince = time.Now()
 		case time.Since(quietSince) > unanswered:
-			return fmt.Errorf("scan: unanswered for %s: %w", unanswered, err)
+			return false, fmt.Errorf("scan: unanswered for %s: %w", unanswered, err)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("scan: %w", context.Cause(ctx))
+			return false, fmt.Errorf("scan: %w", context.Cause(ctx))
 		case <-time.After(retryWait):
 		}
 	}

@@ -70,6 +70,13 @@ func TestScan(t *testing.T) {
 		})
 	}
 
+	ok, err := streamscan.ScanAtMost(ctx, st, jetstream.OrderedConsumerConfig{}, n-1, func(streamscan.Message) bool {
+		t.Error("a stream past the limit is not scanned")
+		return false
+	})
+	require.NoError(t, err)
+	require.False(t, ok)
+
 	// The scan leaves no consumer behind (the client deletes those it
 	// replaced in the background).
 	require.Eventually(t, func() bool {
