@@ -5,6 +5,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"strconv"
 
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/google/uuid"
@@ -87,6 +88,20 @@ func PathString(c echo.Context, name string) (string, error) {
 		return "", err
 	}
 	return v, nil
+}
+
+// QueryLimit returns a page's size from the query parameter limit: def
+// when it is absent, or a 400 problem unless it is an integer from 1 to max.
+func QueryLimit(c echo.Context, def, max int) (int, error) {
+	v := c.QueryParam("limit")
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > max {
+		return 0, BadRequest("limit must be an integer between 1 and %d", max)
+	}
+	return n, nil
 }
 
 // CheckID is a 400 problem when an identifier is empty, longer than 128

@@ -91,13 +91,9 @@ func (s *Service) getProduct(c echo.Context) error {
 }
 
 func (s *Service) listProducts(c echo.Context) error {
-	limit := defaultProductPage
-	if v := c.QueryParam("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > maxProductPage {
-			return httpapi.BadRequest("limit must be an integer between 1 and %d", maxProductPage)
-		}
-		limit = n
+	limit, err := httpapi.QueryLimit(c, defaultProductPage, maxProductPage)
+	if err != nil {
+		return err
 	}
 	rows, err := s.queries.ListProducts(c.Request().Context(), s.pool, dbsqlc.ListProductsParams{After: c.QueryParam("next"), MaxRows: int32(limit + 1)})
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/mail"
-	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -303,22 +302,18 @@ type ordersQuery struct {
 // operator's choice of customer_id; a limit; the cursor of a next page.
 func listQuery(c echo.Context) (ordersQuery, error) {
 	caller, _ := auth.Caller(c)
-	q := ordersQuery{customer: cmp.Or(c.QueryParam("customer_id"), caller.Subject), limit: DefaultListLimit, after: firstPage}
+	q := ordersQuery{customer: cmp.Or(c.QueryParam("customer_id"), caller.Subject), after: firstPage}
 	if err := event.CheckCustomerID(q.customer); err != nil {
 		return q, httpapi.BadRequest("customer_id: %v", err)
 	}
 	if !auth.Sees(c, q.customer) {
 		return q, httpapi.NewProblem(http.StatusForbidden, "only an operator lists another customer's orders")
 	}
-	if v := c.QueryParam("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > MaxListLimit {
-			return q, httpapi.BadRequest("limit must be an integer between 1 and %d", MaxListLimit)
-		}
-		q.limit = n
+	var err error
+	if q.limit, err = httpapi.QueryLimit(c, DefaultListLimit, MaxListLimit); err != nil {
+		return q, err
 	}
 	if v := c.QueryParam("next"); v != "" {
-		var err error
 		if q.after, err = parseCursor(v); err != nil {
 			return q, httpapi.BadRequest("next: %v", err)
 		}
