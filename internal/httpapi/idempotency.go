@@ -28,12 +28,6 @@ const (
 // the COMMIT (see idempotency.Func).
 type Write func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (status int, v any, err error)
 
-// Writes is a request's database write that needs no answer from the
-// database: it only queues its statements on writes. Its key's claim, its
-// writes, its stored response and the COMMIT go in one round trip (see
-// idempotency.Store.DoWrites).
-type Writes func(ctx context.Context, writes *postgres.Pipeline) (status int, v any, err error)
-
 // Idempotent runs write under the request's Idempotency-Key and sends its
 // response, or the stored response of an earlier request with the same key
 // (with Idempotent-Replayed: true). body is the request body, already read:
@@ -47,13 +41,14 @@ func Idempotent(c echo.Context, store *idempotency.Store, body []byte, write Wri
 	})
 }
 
-// IdempotentWrites is Idempotent for a write that only queues statements:
-// the request takes one round trip to the database unless its key was used
-// before.
-func IdempotentWrites(c echo.Context, store *idempotency.Store, body []byte, write Writes) error {
+// IdempotentWrites is Idempotent with the key's claim sent with the
+// queued writes and the COMMIT, a round trip fewer, on the bet that the key
+// is new (see idempotency.Store.DoWrites): for a write whose reads take no
+// locks, as they run again on a retry.
+func IdempotentWrites(c echo.Context, store *idempotency.Store, body []byte, write Write) error {
 	return idempotent(c, body, func(ctx context.Context, req idempotency.Request) (idempotency.Response, bool, error) {
-		return store.DoWrites(ctx, req, func(ctx context.Context, writes *postgres.Pipeline) (idempotency.Response, error) {
-			return response(write(ctx, writes))
+		return store.DoWrites(ctx, req, func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (idempotency.Response, error) {
+			return response(write(ctx, tx, writes))
 		})
 	})
 }

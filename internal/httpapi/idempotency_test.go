@@ -38,7 +38,7 @@ func TestIdempotencyKeyIsBoundToTheRequest(t *testing.T) {
 		})
 	})
 	e.POST("/writes/:id", func(c echo.Context) error {
-		return httpapi.IdempotentWrites(c, store, []byte(c.QueryParam("body")), func(ctx context.Context, writes *postgres.Pipeline) (int, any, error) {
+		return httpapi.IdempotentWrites(c, store, []byte(c.QueryParam("body")), func(ctx context.Context, _ pgx.Tx, writes *postgres.Pipeline) (int, any, error) {
 			_, err := writes.Exec(ctx, `INSERT INTO things VALUES ($1)`, c.Param("id"))
 			return http.StatusCreated, map[string]string{"id": c.Param("id")}, err
 		})

@@ -10,8 +10,8 @@
 //
 // Store.Do claims the key first, then runs the write, which may read (one
 // round trip for BEGIN and the claim, one for the queued writes, the stored
-// response and COMMIT). Store.DoWrites is for a write that reads nothing:
-// it sends the claim with the writes, the response and the commit in one
-// round trip, on the bet that the key is new, and goes the Do way when the
-// claim finds the key used before.
+// response and COMMIT, and one per read). Store.DoWrites sends the claim
+// with the writes, the response and the commit instead, on the bet that the
+// key is new: a round trip fewer, and one in all for a write that reads
+// nothing. It goes the Do way when the claim finds the key used before.
 package idempotency

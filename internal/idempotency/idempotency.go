@@ -114,32 +114,22 @@ func (s *Store) Do(ctx context.Context, req Request, fn Func) (resp Response, re
 	return resp, false, nil
 }
 
-// WritesFunc is a request's write that needs no answer from the database:
-// it only queues its statements on writes.
-type WritesFunc func(ctx context.Context, writes *postgres.Pipeline) (Response, error)
-
-// DoWrites is Do for a write that only queues statements, in one round trip
-// where Do takes two: the key's claim, fn's writes, the stored response and
-// the commit are sent together, on the bet that the key is new. When it was
-// claimed before, the claim fails, the writes behind it do not run, and
-// DoWrites answers as Do: the stored response, ErrMismatch or (after
-// waiting for the request in flight with the key) ErrInFlight. When fn
-// returns an error, DoWrites looks the key up: a retry whose first request
-// succeeded is replayed even when fn refuses now (e.g. with a 503 while the
-// service is overloaded).
-func (s *Store) DoWrites(ctx context.Context, req Request, fn WritesFunc) (resp Response, replayed bool, err error) {
-	claimFirst := func(ctx context.Context, _ pgx.Tx, writes *postgres.Pipeline) (Response, error) {
-		return fn(ctx, writes)
-	}
-	var writes postgres.Pipeline
-	// Queued: the error is Send's.
-	_ = s.queries.ClaimNewKey(ctx, &writes, dbsqlc.ClaimNewKeyParams{
-		Scope:       req.Scope,
-		Key:         req.Key,
-		Fingerprint: req.Fingerprint,
-		LockTimeout: s.lockTimeout(),
-	})
-	if resp, err = fn(ctx, &writes); err != nil {
+// DoWrites is Do with the key's claim sent later: with fn's queued writes,
+// the stored response and the COMMIT, on the bet that the key is new. fn
+// may read through tx first (its first read carries BEGIN), so a write
+// that reads takes two round trips, and one that only queues takes one,
+// where Do takes one more for the claim. When the key was claimed before,
+// the claim fails, the writes behind it do not run, and DoWrites answers as
+// Do: the stored response, ErrMismatch or (after waiting for the request in
+// flight with the key) ErrInFlight. When fn returns an error, DoWrites
+// looks the key up: a retry whose first request succeeded is replayed even
+// when fn refuses now (e.g. with a 503 while the service is overloaded).
+//
+// fn's reads run before the key is claimed, so a retry runs them again:
+// use Do for a write whose reads take locks a retry should not wait for.
+func (s *Store) DoWrites(ctx context.Context, req Request, fn Func) (resp Response, replayed bool, err error) {
+	resp, fnErr, err := s.claimWithWrites(ctx, req, fn)
+	if fnErr != nil {
 		// A retry whose first request succeeded is replayed even when
 		// fn refuses now.
 		stored, serr := s.stored(ctx, s.pool, req)
@@ -149,14 +139,8 @@ func (s *Store) DoWrites(ctx context.Context, req Request, fn WritesFunc) (resp 
 		case errors.Is(serr, ErrMismatch):
 			return Response{}, false, serr
 		}
-		return Response{}, false, err
+		return Response{}, false, fnErr
 	}
-	if err := s.complete(ctx, &writes, req, resp); err != nil {
-		return Response{}, false, err
-	}
-	// Outside a transaction the statements run in one implicit
-	// transaction: all or none.
-	err = writes.Send(ctx, s.pool)
 	var qe *postgres.QueryError
 	switch {
 	case err == nil:
@@ -166,9 +150,33 @@ func (s *Store) DoWrites(ctx context.Context, req Request, fn WritesFunc) (resp 
 	case postgres.IsLockNotAvailable(err):
 		return Response{}, false, ErrInFlight
 	case postgres.IsUniqueViolation(err): // claimed before: replay it
-		return s.Do(ctx, req, claimFirst)
+		return s.Do(ctx, req, fn)
 	}
 	return Response{}, false, fmt.Errorf("write, store idempotent response and commit: %w", err)
+}
+
+// claimWithWrites runs fn in a transaction, queues the key's claim ahead of
+// fn's writes and its response behind them, and commits: fnErr is fn's
+// error, err the claim's, the writes' or the commit's. The transaction has
+// ended when it returns.
+func (s *Store) claimWithWrites(ctx context.Context, req Request, fn Func) (resp Response, fnErr, err error) {
+	begin := postgres.BeginWith(s.pool)
+	defer begin.End(ctx) // rolls back unless committed
+	var writes postgres.Pipeline
+	// Queued: the error is Commit's.
+	_ = s.queries.ClaimNewKey(ctx, &writes, dbsqlc.ClaimNewKeyParams{
+		Scope:       req.Scope,
+		Key:         req.Key,
+		Fingerprint: req.Fingerprint,
+		LockTimeout: s.lockTimeout(),
+	})
+	if resp, fnErr = fn(ctx, begin.Tx(), &writes); fnErr != nil {
+		return Response{}, fnErr, nil
+	}
+	if err := s.complete(ctx, &writes, req, resp); err != nil {
+		return Response{}, nil, err
+	}
+	return resp, nil, begin.Commit(ctx, &writes)
 }
 
 // complete queues on writes the storing of resp under req's key.

@@ -43,17 +43,11 @@ func (f fixture) things(t *testing.T) (n int) {
 
 // way is one of the store's two ways to run a write: Do, which claims the
 // key first, and DoWrites, which sends the claim with the writes.
-type way func(ctx context.Context, s *idempotency.Store, req idempotency.Request, fn idempotency.WritesFunc) (idempotency.Response, bool, error)
+type way func(s *idempotency.Store, ctx context.Context, req idempotency.Request, fn idempotency.Func) (idempotency.Response, bool, error)
 
 var ways = map[string]way{
-	"Do": func(ctx context.Context, s *idempotency.Store, req idempotency.Request, fn idempotency.WritesFunc) (idempotency.Response, bool, error) {
-		return s.Do(ctx, req, func(ctx context.Context, _ pgx.Tx, writes *postgres.Pipeline) (idempotency.Response, error) {
-			return fn(ctx, writes)
-		})
-	},
-	"DoWrites": func(ctx context.Context, s *idempotency.Store, req idempotency.Request, fn idempotency.WritesFunc) (idempotency.Response, bool, error) {
-		return s.DoWrites(ctx, req, fn)
-	},
+	"Do":       (*idempotency.Store).Do,
+	"DoWrites": (*idempotency.Store).DoWrites,
 }
 
 // forEachWay runs test as a parallel subtest for each way.
@@ -72,8 +66,8 @@ func request(key, body string) idempotency.Request {
 
 // insert queues a write of a thing (and, if fail, a statement that fails
 // after it) and answers 201.
-func insert(fail bool) idempotency.WritesFunc {
-	return func(ctx context.Context, writes *postgres.Pipeline) (idempotency.Response, error) {
+func insert(fail bool) idempotency.Func {
+	return func(ctx context.Context, _ pgx.Tx, writes *postgres.Pipeline) (idempotency.Response, error) {
 		if _, err := writes.Exec(ctx, "INSERT INTO things VALUES ('k')"); err != nil {
 			return idempotency.Response{}, err
 		}
@@ -90,25 +84,25 @@ func TestReplayMismatchAndFailure(t *testing.T) {
 		ctx := t.Context()
 		f := newFixture(t, 0)
 
-		first, replayed, err := do(ctx, f.store, request("k1", "a"), insert(false))
+		first, replayed, err := do(f.store, ctx, request("k1", "a"), insert(false))
 		require.NoError(t, err)
 		require.False(t, replayed)
-		again, replayed, err := do(ctx, f.store, request("k1", "a"), insert(false))
+		again, replayed, err := do(f.store, ctx, request("k1", "a"), insert(false))
 		require.NoError(t, err)
 		require.True(t, replayed)
 		require.Equal(t, first, again)
 		require.Equal(t, 1, f.things(t), "a replay writes nothing")
 
-		_, _, err = do(ctx, f.store, request("k1", "b"), insert(false))
+		_, _, err = do(f.store, ctx, request("k1", "b"), insert(false))
 		require.ErrorIs(t, err, idempotency.ErrMismatch)
 
 		// A failed write stores nothing: the retry runs afresh.
 		boom := errors.New("boom")
-		_, _, err = do(ctx, f.store, request("k2", "a"), func(context.Context, *postgres.Pipeline) (idempotency.Response, error) {
+		_, _, err = do(f.store, ctx, request("k2", "a"), func(context.Context, pgx.Tx, *postgres.Pipeline) (idempotency.Response, error) {
 			return idempotency.Response{}, boom
 		})
 		require.ErrorIs(t, err, boom)
-		_, replayed, err = do(ctx, f.store, request("k2", "a"), insert(false))
+		_, replayed, err = do(f.store, ctx, request("k2", "a"), insert(false))
 		require.NoError(t, err)
 		require.False(t, replayed)
 		require.Equal(t, 2, f.things(t))
@@ -122,9 +116,9 @@ func TestRetryIsReplayedEvenWhenTheWriteWouldRefuse(t *testing.T) {
 	forEachWay(t, func(t *testing.T, do way) {
 		ctx := t.Context()
 		f := newFixture(t, 0)
-		first, _, err := do(ctx, f.store, request("k", "a"), insert(false))
+		first, _, err := do(f.store, ctx, request("k", "a"), insert(false))
 		require.NoError(t, err)
-		again, replayed, err := do(ctx, f.store, request("k", "a"), func(context.Context, *postgres.Pipeline) (idempotency.Response, error) {
+		again, replayed, err := do(f.store, ctx, request("k", "a"), func(context.Context, pgx.Tx, *postgres.Pipeline) (idempotency.Response, error) {
 			return idempotency.Response{}, errors.New("overloaded")
 		})
 		require.NoError(t, err)
@@ -142,18 +136,18 @@ func TestQueuedWritesCommitWithTheResponse(t *testing.T) {
 		ctx := t.Context()
 		f := newFixture(t, 0)
 
-		_, _, err := do(ctx, f.store, request("k", "a"), insert(true))
+		_, _, err := do(f.store, ctx, request("k", "a"), insert(true))
 		var pgErr *pgconn.PgError
 		require.ErrorAs(t, err, &pgErr)
 		require.Equal(t, "22012", pgErr.Code, "division by zero")
 		require.Zero(t, f.things(t), "a failed queued write rolls back the writes queued before it")
 
-		_, replayed, err := do(ctx, f.store, request("k", "a"), insert(false))
+		_, replayed, err := do(f.store, ctx, request("k", "a"), insert(false))
 		require.NoError(t, err)
 		require.False(t, replayed, "the failed request stored no response")
 		require.Equal(t, 1, f.things(t))
 
-		_, replayed, err = do(ctx, f.store, request("k", "a"), insert(false))
+		_, replayed, err = do(f.store, ctx, request("k", "a"), insert(false))
 		require.NoError(t, err)
 		require.True(t, replayed)
 		require.Equal(t, 1, f.things(t), "a replay writes nothing")
@@ -170,9 +164,9 @@ func TestConcurrentRequestsWithOneKeyWriteOnce(t *testing.T) {
 		replays := atomic.Int32{}
 		for range 20 {
 			wg.Go(func() {
-				_, replayed, err := do(t.Context(), f.store, request("same", "a"), func(ctx context.Context, writes *postgres.Pipeline) (idempotency.Response, error) {
+				_, replayed, err := do(f.store, t.Context(), request("same", "a"), func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (idempotency.Response, error) {
 					time.Sleep(50 * time.Millisecond) // let the others arrive
-					return insert(false)(ctx, writes)
+					return insert(false)(ctx, tx, writes)
 				})
 				require.NoError(t, err)
 				if replayed {
@@ -208,7 +202,7 @@ func TestRetryWhileInFlightIsRefusedAfterTheWait(t *testing.T) {
 			done <- err
 		}()
 		<-holding
-		_, _, err := do(ctx, f.store, request("slow", "a"), insert(false))
+		_, _, err := do(f.store, ctx, request("slow", "a"), insert(false))
 		require.ErrorIs(t, err, idempotency.ErrInFlight)
 		free()
 		require.NoError(t, <-done)
@@ -241,4 +235,50 @@ func TestFingerprintSeparatesItsParts(t *testing.T) {
 	f := idempotency.Fingerprint
 	require.Equal(t, f([]byte("POST"), []byte("/a"), []byte("b")), f([]byte("POST"), []byte("/a"), []byte("b")))
 	require.NotEqual(t, f([]byte("POST"), []byte("/ab"), []byte("c")), f([]byte("POST"), []byte("/a"), []byte("bc")))
+}
+
+// A write that reads takes a round trip for BEGIN and its read, and one for
+// its queued writes, the stored response and the COMMIT. Do claims the key
+// in a round trip of its own before; DoWrites sends the claim with the
+// writes, so a write that reads nothing takes one round trip in all. A
+// replay costs Do the claim, the stored response's read and the ROLLBACK;
+// DoWrites finds the key taken at the COMMIT's round trip, rolls back and
+// goes Do's way.
+func TestRoundTrips(t *testing.T) {
+	t.Parallel()
+	readThenInsert := func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (idempotency.Response, error) {
+		var n int
+		if err := tx.QueryRow(ctx, "SELECT count(*) FROM things").Scan(&n); err != nil {
+			return idempotency.Response{}, err
+		}
+		return insert(false)(ctx, tx, writes)
+	}
+	for _, tc := range []struct {
+		name          string
+		do            way
+		fn            idempotency.Func
+		first, replay int64
+	}{
+		{"Do, reading", (*idempotency.Store).Do, readThenInsert, 3, 3},
+		{"DoWrites, reading", (*idempotency.Store).DoWrites, readThenInsert, 2, 6},
+		{"DoWrites, reading nothing", (*idempotency.Store).DoWrites, insert(false), 1, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, 0)
+			pool, trips := f.db.CountingPool(t)
+			store := idempotency.NewStore(pool, 0)
+			for _, want := range []struct {
+				trips    int64
+				replayed bool
+			}{{tc.first, false}, {tc.replay, true}} {
+				trips.Store(0)
+				_, replayed, err := tc.do(store, t.Context(), request("k", "a"), tc.fn)
+				require.NoError(t, err)
+				require.Equal(t, want.replayed, replayed)
+				require.Equal(t, want.trips, trips.Load(), "round trips (replayed: %t)", replayed)
+			}
+			require.Equal(t, 1, f.things(t))
+		})
+	}
 }

@@ -123,11 +123,12 @@ func (s *Service) place(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	// The key's claim, the prices' read, and the order with the COMMIT.
-	return httpapi.Idempotent(c, s.idem, body, func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (int, any, error) {
-		// Under the key: a retry of an order already placed is replayed
-		// however busy the saga is, and a refusal claims no key, so that
-		// the client's retry with it can still succeed.
+	// Two round trips: BEGIN with the prices' read, then the key's claim,
+	// the order, its outbox row, the stored response and the COMMIT.
+	return httpapi.IdempotentWrites(c, s.idem, body, func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (int, any, error) {
+		// A refusal claims no key, so that the client's retry with it can
+		// still succeed, and a retry of an order already placed is
+		// replayed however busy the saga is (DoWrites looks the key up).
 		if err := s.admission.admit(); err != nil {
 			return 0, nil, err
 		}
