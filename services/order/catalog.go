@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/httpapi"
+	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/services/order/internal/dbsqlc"
 )
 
@@ -114,19 +116,47 @@ func (s *Service) listProducts(c echo.Context) error {
 // price prices lines from the catalog, in the order's transaction: each
 // line gets its SKU's price now, which the order keeps whatever the price
 // becomes. A SKU not in the catalog is a 422 that names it.
-func (s *Service) price(ctx context.Context, tx pgx.Tx, lines event.Lines) (int64, error) {
+//
+// With guess, when the service read every SKU's price before, it prices
+// the lines at those and queues CheckPrices on writes instead of reading:
+// the order takes one round trip instead of two, and the check, in the
+// same transaction, fails the order (staleGuess) unless every price is
+// still the catalog's. Otherwise it reads the prices on tx.
+func (s *Service) price(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline, lines event.Lines, guess bool) (int64, error) {
+	if guess && s.prices.price(lines) {
+		skus, prices := make([]string, len(lines)), make([]int64, len(lines))
+		for i, l := range lines {
+			skus[i], prices[i] = l.SKU, l.UnitPriceCents
+		}
+		if err := s.queries.CheckPrices(ctx, writes, dbsqlc.CheckPricesParams{Skus: skus, Prices: prices}); err != nil {
+			return 0, fmt.Errorf("check order prices: %w", err)
+		}
+	} else if err := s.readPrices(ctx, tx, lines); err != nil {
+		return 0, err
+	}
+	total, err := lines.Total()
+	if err != nil {
+		return 0, httpapi.BadRequest("the order's total is too large: %v", err)
+	}
+	return total, nil
+}
+
+// readPrices prices lines from the catalog's prices read on tx, and
+// remembers them for the next orders' guesses.
+func (s *Service) readPrices(ctx context.Context, tx pgx.Tx, lines event.Lines) error {
 	skus := make([]string, len(lines))
 	for i, l := range lines {
 		skus[i] = l.SKU
 	}
 	rows, err := s.queries.PriceSKUs(ctx, tx, skus)
 	if err != nil {
-		return 0, fmt.Errorf("price order lines: %w", err)
+		return fmt.Errorf("price order lines: %w", err)
 	}
 	prices := make(map[string]int64, len(rows))
 	for _, r := range rows {
 		prices[r.Sku] = r.UnitPriceCents
 	}
+	s.prices.remember(skus, prices)
 	var unknown []string
 	for i := range lines {
 		p, ok := prices[lines[i].SKU]
@@ -136,11 +166,52 @@ func (s *Service) price(ctx context.Context, tx pgx.Tx, lines event.Lines) (int6
 		lines[i].UnitPriceCents = p
 	}
 	if len(unknown) > 0 {
-		return 0, httpapi.NewProblem(http.StatusUnprocessableEntity, "not in the catalog: %s", strings.Join(unknown, ", "))
+		return httpapi.NewProblem(http.StatusUnprocessableEntity, "not in the catalog: %s", strings.Join(unknown, ", "))
 	}
-	total, err := lines.Total()
-	if err != nil {
-		return 0, httpapi.BadRequest("the order's total is too large: %v", err)
+	return nil
+}
+
+// staleGuess reports whether err is CheckPrices failing: a price the order
+// was given is no longer the catalog's.
+func staleGuess(err error) bool {
+	var qe *postgres.QueryError
+	return errors.As(err, &qe) && qe.Query == "CheckPrices"
+}
+
+// knownPrices are the catalog's prices as this replica of the service last
+// read them: guesses, which CheckPrices confirms in each order's
+// transaction, and which a failed check makes it read again. It holds at
+// most one price per SKU of the catalog.
+type knownPrices struct {
+	mu     sync.RWMutex
+	prices map[string]int64
+}
+
+func newKnownPrices() *knownPrices { return &knownPrices{prices: map[string]int64{}} }
+
+// price sets each line's price to the known one; ok is false, and the
+// lines' prices are not to be used, when a SKU has none.
+func (k *knownPrices) price(lines event.Lines) (ok bool) {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	for i := range lines {
+		if lines[i].UnitPriceCents, ok = k.prices[lines[i].SKU]; !ok {
+			return false
+		}
 	}
-	return total, nil
+	return true
+}
+
+// remember keeps the prices read of skus; a SKU without one is no longer
+// in the catalog, and forgotten.
+func (k *knownPrices) remember(skus []string, read map[string]int64) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, sku := range skus {
+		if p, ok := read[sku]; ok {
+			k.prices[sku] = p
+		} else {
+			delete(k.prices, sku)
+		}
+	}
 }

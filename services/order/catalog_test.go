@@ -71,6 +71,9 @@ func TestOrdersArePricedFromTheCatalog(t *testing.T) {
 	first := place(t, svc, "alice") // 2 apples at 250, 1 pear at 1000
 	require.Equal(t, int64(1500), first.TotalCents)
 
+	// The service read apple's price for the first order, and guesses 250
+	// for the next: the guess's check in the order's transaction fails,
+	// and the order is placed again at the price read.
 	resp := svc.Do(t, http.MethodPut, "/products/apple", svc.AsAdmin(t), map[string]any{"unit_price_cents": 300}, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	second := place(t, svc, "alice")

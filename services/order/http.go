@@ -123,22 +123,37 @@ func (s *Service) place(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	// Two round trips: BEGIN with the prices' read, then the key's claim,
-	// the order, its outbox row, the stored response and the COMMIT.
-	return httpapi.IdempotentWrites(c, s.idem, body, func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (int, any, error) {
+	// One round trip when the prices are guessed (see price): the key's
+	// claim, the prices' check, the order, its outbox row, the stored
+	// response and the COMMIT; two when they are read first. A guess the
+	// check refuses rolled everything back, key included: place again,
+	// reading them.
+	err = httpapi.IdempotentWrites(c, s.idem, body, s.placeOrder(customer, lines, true))
+	if staleGuess(err) {
+		err = httpapi.IdempotentWrites(c, s.idem, body, s.placeOrder(customer, lines, false))
+	}
+	return err
+}
+
+// placeOrder is the write of POST /orders: the order, priced from the
+// catalog (guessed or read, see price), with its OrderPlaced in the outbox.
+func (s *Service) placeOrder(customer buyer, lines event.Lines, guess bool) httpapi.Write {
+	return func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (int, any, error) {
 		// A refusal claims no key, so that the client's retry with it can
 		// still succeed, and a retry of an order already placed is
 		// replayed however busy the saga is (DoWrites looks the key up).
 		if err := s.admission.admit(); err != nil {
 			return 0, nil, err
 		}
-		total, err := s.price(ctx, tx, lines)
-		if err != nil {
-			return 0, nil, err
-		}
 		id, err := uuid.NewV7()
 		if err != nil {
 			return 0, nil, fmt.Errorf("new order id: %w", err)
+		}
+		// A check of guessed prices is queued before the writes: when it
+		// fails, they do not run.
+		total, err := s.price(ctx, tx, writes, lines, guess)
+		if err != nil {
+			return 0, nil, err
 		}
 		ev, err := event.New(Name, event.OrderPlaced, id.String(), event.OrderPlacedV1{
 			Order:      event.Order{OrderID: id, CustomerID: customer.CustomerID, CustomerEmail: customer.CustomerEmail},
@@ -171,7 +186,7 @@ func (s *Service) place(c echo.Context) error {
 			CreatedAt:     ev.Time.UTC(),
 			UpdatedAt:     ev.Time.UTC(),
 		}, nil
-	})
+	}
 }
 
 // newOrderRows are the rows of a new order, and its lines as the API shows

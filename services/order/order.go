@@ -40,11 +40,13 @@ type Service struct {
 	idem    *idempotency.Store
 	// admission, when set, refuses new orders while the saga is behind.
 	admission *Admission
+	// prices are the catalog's, as last read: POST /orders's guesses.
+	prices *knownPrices
 }
 
 // New returns the service on its database.
 func New(pool *pgxpool.Pool) *Service {
-	return &Service{pool: pool, queries: dbsqlc.New(), idem: idempotency.NewStore(pool, 0)}
+	return &Service{pool: pool, queries: dbsqlc.New(), idem: idempotency.NewStore(pool, 0), prices: newKnownPrices()}
 }
 
 // handlePaymentEvent is the handler of the PAYMENTS subscription.

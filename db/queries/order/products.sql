@@ -26,3 +26,9 @@ LIMIT @max_rows;
 SELECT sku, unit_price_cents
 FROM products
 WHERE sku = ANY (@skus::text[]);
+
+-- name: CheckPrices :exec
+-- Fails unless each SKU is in the catalog at the price beside it: the
+-- check, in the order's transaction, of prices remembered from an earlier
+-- read (see check_prices).
+SELECT check_prices(@skus::text[], @prices::bigint[]);

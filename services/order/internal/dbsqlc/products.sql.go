@@ -9,6 +9,23 @@ import (
 	"context"
 )
 
+const checkPrices = `-- name: CheckPrices :exec
+SELECT check_prices($1::text[], $2::bigint[])
+`
+
+type CheckPricesParams struct {
+	Skus   []string
+	Prices []int64
+}
+
+// Fails unless each SKU is in the catalog at the price beside it: the
+// check, in the order's transaction, of prices remembered from an earlier
+// read (see check_prices).
+func (q *Queries) CheckPrices(ctx context.Context, db DBTX, arg CheckPricesParams) error {
+	_, err := db.Exec(ctx, checkPrices, arg.Skus, arg.Prices)
+	return err
+}
+
 const getProduct = `-- name: GetProduct :one
 SELECT sku, name, unit_price_cents, updated_at
 FROM products
