@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
 
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/httpapi"
 )
 
@@ -29,10 +30,15 @@ func (s *Service) Routes(e *echo.Echo) {
 	e.GET("/customers/:customer_id", s.getCustomerEvents)
 }
 
+// getCustomerEvents answers the customer or an operator; anyone else gets
+// the 404 of a customer that does not exist, so that a stranger cannot tell.
 func (s *Service) getCustomerEvents(c echo.Context) error {
-	customerID, err := httpapi.PathString(c, "customer_id")
+	customerID, err := httpapi.PathCustomer(c, "customer_id")
 	if err != nil {
 		return err
+	}
+	if !auth.Sees(c, customerID) {
+		return httpapi.NotFound("customer %s does not exist", customerID)
 	}
 	row, err := s.queries.GetCustomerEvents(c.Request().Context(), s.pool, customerID)
 	switch {

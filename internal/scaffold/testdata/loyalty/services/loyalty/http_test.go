@@ -17,6 +17,27 @@ func TestUnknownCustomerHasNoEvents(t *testing.T) {
 	require.Equal(t, int64(0), customerEvents(t, svc, "nobody"))
 }
 
+// A customer's tally is the customer's and an operator's: anyone else gets
+// the 404 of a customer that does not exist, and nobody reads it without a
+// token.
+func TestACustomersEventsAreTheirsToRead(t *testing.T) {
+	t.Parallel()
+	svc := start(t)
+	for _, tc := range []struct {
+		name   string
+		header http.Header
+		want   int
+	}{
+		{"the customer", svc.As(t, "alice"), http.StatusOK},
+		{"an operator", svc.AsAdmin(t), http.StatusOK},
+		{"another customer", svc.As(t, "bob"), http.StatusNotFound},
+		{"no token", nil, http.StatusUnauthorized},
+	} {
+		resp := svc.Do(t, http.MethodGet, "/customers/alice", tc.header, nil, nil)
+		require.Equal(t, tc.want, resp.StatusCode, tc.name)
+	}
+}
+
 func TestBadCustomerIDIsAProblem(t *testing.T) {
 	t.Parallel()
 	svc := start(t)
