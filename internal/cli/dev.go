@@ -246,11 +246,17 @@ func printEnv(w io.Writer, e *dev.Env, cfg dev.Config) {
 // customers and an operator.
 func printTokens(w io.Writer, e *dev.Env) {
 	fmt.Fprintf(w, "\nTokens of the dev issuer, valid %s (more: curl -s -X POST %s/token -d sub=carol [-d role=admin]):\n\n", e.Issuer.TTL(), e.IssuerURL)
+	// The customers' tokens carry an e-mail, the address their orders
+	// default to, as an identity provider's would.
 	for _, t := range []struct {
-		name, sub string
-		admin     bool
-	}{{"ALICE", "alice", false}, {"BOB", "bob", false}, {"ADMIN", "admin", true}} {
-		tok, err := e.Token(t.sub, t.admin)
+		name string
+		auth.TokenRequest
+	}{
+		{"ALICE", auth.TokenRequest{Subject: "alice", Email: "alice@example.com"}},
+		{"BOB", auth.TokenRequest{Subject: "bob", Email: "bob@example.com"}},
+		{"ADMIN", auth.TokenRequest{Subject: "admin", Admin: true}},
+	} {
+		tok, err := e.Issuer.Token(t.TokenRequest)
 		if err != nil {
 			tok = fmt.Sprintf("'' # no token: %v", err) // a signing key that cannot sign
 		}

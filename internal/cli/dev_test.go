@@ -3,7 +3,9 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -75,6 +77,12 @@ func TestDev(t *testing.T) {
 	} {
 		require.Contains(t, out, want)
 	}
+	// A customer's token carries the e-mail an order defaults to.
+	alice := regexp.MustCompile(`export ALICE=[^.]+\.([^.]+)\.`).FindStringSubmatch(out)
+	require.Len(t, alice, 2)
+	claims, err := base64.RawURLEncoding.DecodeString(alice[1])
+	require.NoError(t, err)
+	require.Contains(t, string(claims), `"email":"alice@example.com"`)
 
 	cancel()
 	select {
