@@ -34,11 +34,7 @@ type Write func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (stat
 // it is part of the fingerprint. A missing key is a 400, a key reused with a
 // different request a 422, a key whose first request is still running a 409.
 func Idempotent(c echo.Context, store *idempotency.Store, body []byte, write Write) error {
-	return idempotent(c, body, func(ctx context.Context, req idempotency.Request) (idempotency.Response, bool, error) {
-		return store.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (idempotency.Response, error) {
-			return response(write(ctx, tx, writes))
-		})
-	})
+	return idempotent(c, body, write, store.Do)
 }
 
 // IdempotentWrites is Idempotent with the key's claim sent with the
@@ -46,16 +42,12 @@ func Idempotent(c echo.Context, store *idempotency.Store, body []byte, write Wri
 // is new (see idempotency.Store.DoWrites): for a write whose reads take no
 // locks, as they run again on a retry.
 func IdempotentWrites(c echo.Context, store *idempotency.Store, body []byte, write Write) error {
-	return idempotent(c, body, func(ctx context.Context, req idempotency.Request) (idempotency.Response, bool, error) {
-		return store.DoWrites(ctx, req, func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (idempotency.Response, error) {
-			return response(write(ctx, tx, writes))
-		})
-	})
+	return idempotent(c, body, write, store.DoWrites)
 }
 
-// idempotent checks the request's key, runs it with do and sends the
-// response.
-func idempotent(c echo.Context, body []byte, do func(context.Context, idempotency.Request) (idempotency.Response, bool, error)) error {
+// idempotent checks the request's key, runs write under it with do (one of
+// the store's ways) and sends the response.
+func idempotent(c echo.Context, body []byte, write Write, do func(context.Context, idempotency.Request, idempotency.Func) (idempotency.Response, bool, error)) error {
 	req := c.Request()
 	key := req.Header.Get(HeaderIdempotencyKey)
 	if err := checkKey(key); err != nil {
@@ -68,6 +60,8 @@ func idempotent(c echo.Context, body []byte, do func(context.Context, idempotenc
 		Scope:       req.Method + " " + c.Path() + " " + caller.Subject,
 		Key:         key,
 		Fingerprint: idempotency.Fingerprint([]byte(req.Method), []byte(req.URL.Path), body),
+	}, func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (idempotency.Response, error) {
+		return response(write(ctx, tx, writes))
 	})
 	switch {
 	case errors.Is(err, idempotency.ErrMismatch):

@@ -123,15 +123,19 @@ func (s *Service) listProducts(c echo.Context) error {
 // same transaction, fails the order (staleGuess) unless every price is
 // still the catalog's. Otherwise it reads the prices on tx.
 func (s *Service) price(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline, lines event.Lines, guess bool) (int64, error) {
+	skus := make([]string, len(lines))
+	for i, l := range lines {
+		skus[i] = l.SKU
+	}
 	if guess && s.prices.price(lines) {
-		skus, prices := make([]string, len(lines)), make([]int64, len(lines))
+		prices := make([]int64, len(lines))
 		for i, l := range lines {
-			skus[i], prices[i] = l.SKU, l.UnitPriceCents
+			prices[i] = l.UnitPriceCents
 		}
 		if err := s.queries.CheckPrices(ctx, writes, dbsqlc.CheckPricesParams{Skus: skus, Prices: prices}); err != nil {
 			return 0, fmt.Errorf("check order prices: %w", err)
 		}
-	} else if err := s.readPrices(ctx, tx, lines); err != nil {
+	} else if err := s.readPrices(ctx, tx, skus, lines); err != nil {
 		return 0, err
 	}
 	total, err := lines.Total()
@@ -141,13 +145,9 @@ func (s *Service) price(ctx context.Context, tx pgx.Tx, writes *postgres.Pipelin
 	return total, nil
 }
 
-// readPrices prices lines from the catalog's prices read on tx, and
-// remembers them for the next orders' guesses.
-func (s *Service) readPrices(ctx context.Context, tx pgx.Tx, lines event.Lines) error {
-	skus := make([]string, len(lines))
-	for i, l := range lines {
-		skus[i] = l.SKU
-	}
+// readPrices prices lines, whose SKUs are skus, from the catalog's prices
+// read on tx, and remembers them for the next orders' guesses.
+func (s *Service) readPrices(ctx context.Context, tx pgx.Tx, skus []string, lines event.Lines) error {
 	rows, err := s.queries.PriceSKUs(ctx, tx, skus)
 	if err != nil {
 		return fmt.Errorf("price order lines: %w", err)
