@@ -15,9 +15,8 @@ import (
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
 	"github.com/onceflow/onceflow/internal/localpg"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
-
-const postgresImage = "postgres:15.18-alpine"
 
 // pgServer is the PostgreSQL server of the suite. Each scenario creates its
 // four databases on it and drops them afterwards.
@@ -43,10 +42,16 @@ func startPostgres(ctx context.Context, logger *slog.Logger) (*pgServer, error) 
 	)
 	if adminURL = os.Getenv("TEST_DATABASE_URL"); adminURL != "" {
 		s.source = "TEST_DATABASE_URL"
-	} else if dockerErr := dockerHealth(ctx); dockerErr == nil {
-		adminURL, err = s.startContainer(ctx)
 	} else {
-		adminURL, err = s.startCluster(ctx, logger, dockerErr)
+		var choice testenv.ContainerChoice
+		choice, err = testenv.ChooseContainers(ctx, testenv.PostgresImage())
+		switch {
+		case err != nil:
+		case choice.Use:
+			adminURL, err = s.startContainer(ctx, choice.Reason)
+		default:
+			adminURL, err = s.startCluster(ctx, logger, choice.Reason)
+		}
 	}
 	if err != nil {
 		return nil, err
@@ -66,9 +71,9 @@ func startPostgres(ctx context.Context, logger *slog.Logger) (*pgServer, error) 
 	return s, nil
 }
 
-func (s *pgServer) startContainer(ctx context.Context) (string, error) {
+func (s *pgServer) startContainer(ctx context.Context, reason string) (string, error) {
 	// The image's defaults: fsync and synchronous commit on.
-	ctr, err := tcpostgres.Run(ctx, postgresImage,
+	ctr, err := tcpostgres.Run(ctx, testenv.PostgresImage(),
 		testcontainers.WithCmd("postgres", "-c", "max_connections=400"),
 		tcpostgres.BasicWaitStrategies(),
 	)
@@ -78,7 +83,7 @@ func (s *pgServer) startContainer(ctx context.Context) (string, error) {
 	s.stopFn = func(ctx context.Context) error {
 		return testcontainers.TerminateContainer(ctr, testcontainers.StopContext(ctx))
 	}
-	s.source = "testcontainers " + postgresImage
+	s.source = fmt.Sprintf("testcontainers %s (%s)", testenv.PostgresImage(), reason)
 	adminURL, err := ctr.ConnectionString(ctx, "sslmode=disable")
 	if err != nil {
 		return "", errors.Join(fmt.Errorf("postgres container: %w", err), s.stopFn(ctx))
@@ -86,33 +91,16 @@ func (s *pgServer) startContainer(ctx context.Context) (string, error) {
 	return adminURL, nil
 }
 
-func (s *pgServer) startCluster(ctx context.Context, logger *slog.Logger, dockerErr error) (string, error) {
+func (s *pgServer) startCluster(ctx context.Context, logger *slog.Logger, why string) (string, error) {
 	// Durable: fsync and synchronous commit on, as in production; the
 	// database restart scenario stops and starts it for real.
 	cluster, err := localpg.Start(ctx, localpg.Config{Durable: true, MaxConnections: 400}, logger)
 	if err != nil {
-		return "", fmt.Errorf("local postgres cluster (no TEST_DATABASE_URL, no Docker engine: %v): %w", dockerErr, err)
+		return "", fmt.Errorf("local postgres cluster (no TEST_DATABASE_URL, no containers: %s): %w", why, err)
 	}
 	s.cluster, s.stopFn = cluster, cluster.Stop
-	s.source = fmt.Sprintf("local durable cluster (no TEST_DATABASE_URL, no Docker engine: %v)", dockerErr)
+	s.source = fmt.Sprintf("local durable cluster (no TEST_DATABASE_URL, no containers: %s)", why)
 	return cluster.URL("postgres"), nil
-}
-
-// dockerHealth is nil when a Docker engine answers.
-func dockerHealth(ctx context.Context) (err error) {
-	// Some testcontainers paths panic when no engine is configured.
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("docker provider: %v", r)
-		}
-	}()
-	provider, err := testcontainers.NewDockerProvider()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	return provider.Health(ctx) // also closes the provider
 }
 
 func (s *pgServer) stop(ctx context.Context) error {

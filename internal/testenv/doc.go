@@ -11,11 +11,15 @@
 //
 // testenv owns the servers shared by one test binary and their teardown. It
 // decides once per binary where PostgreSQL comes from: the server named by
-// TEST_DATABASE_URL; else a testcontainers postgres when a Docker engine
-// answers; else a local cluster from the PostgreSQL installation (package
+// TEST_DATABASE_URL; else a testcontainers postgres when containers are
+// chosen; else a local cluster from the PostgreSQL installation (package
 // localpg). NATS likewise: TEST_NATS_URL; else one testcontainers nats for
-// the binary; else an embedded nats-server per test. Tests never skip for
-// want of a server.
+// the binary; else an embedded nats-server per test. Containers are chosen
+// by TEST_CONTAINERS (ChooseContainers): on, off, or auto (the default),
+// which uses them only when a Docker engine answers and already holds the
+// images (POSTGRES_IMAGE and NATS_IMAGE, the official ones by default), so
+// that a machine with an engine and no registry never tries a pull. The log
+// says which source was taken and why. Tests never skip for want of a server.
 //
 // Guarantees: every NewDatabase call returns its own database, cloned from a
 // template migrated once per schema and binary, and dropped when the test

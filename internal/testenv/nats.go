@@ -18,8 +18,6 @@ import (
 	"github.com/onceflow/onceflow/internal/streams"
 )
 
-const natsImage = "nats:2.15.2-alpine"
-
 // NATS is a NATS server with JetStream for one test.
 type NATS struct {
 	// URL connects to the server.
@@ -227,13 +225,17 @@ func (e *environment) startNATS(ctx context.Context) (string, error) {
 		e.logger.Info("nats for tests", "source", "TEST_NATS_URL", "reason", "TEST_NATS_URL is set", "url", url)
 		return url, nil
 	}
-	if dockerErr := e.docker(); dockerErr != nil {
+	choice, err := e.useContainers()
+	if err != nil {
+		return "", err
+	}
+	if !choice.Use {
 		e.logger.Info("nats for tests", "source", "embedded nats-server per test",
-			"reason", fmt.Sprintf("TEST_NATS_URL is unset and there is no Docker engine (%v)", dockerErr))
+			"reason", "TEST_NATS_URL is unset, no containers: "+choice.Reason)
 		return "", nil
 	}
 	// Without the module's default -DV: trace logging of every message.
-	ctr, err := tcnats.Run(ctx, natsImage, testcontainers.WithCmd("-js"))
+	ctr, err := tcnats.Run(ctx, NATSImage(), testcontainers.WithCmd("-js"))
 	e.markDockerUsed()
 	if err != nil {
 		return "", errors.Join(fmt.Errorf("nats container: %w", err), testcontainers.TerminateContainer(ctr))
@@ -245,8 +247,8 @@ func (e *environment) startNATS(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("nats container: %w", err)
 	}
-	e.logger.Info("nats for tests", "source", "testcontainers "+natsImage,
-		"reason", "TEST_NATS_URL is unset and a Docker engine answers", "url", url)
+	e.logger.Info("nats for tests", "source", "testcontainers "+NATSImage(),
+		"reason", "TEST_NATS_URL is unset and "+choice.Reason, "url", url)
 	return url, nil
 }
 

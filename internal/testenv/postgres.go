@@ -23,8 +23,6 @@ import (
 	"github.com/onceflow/onceflow/internal/postgres"
 )
 
-const postgresImage = "postgres:15.18-alpine"
-
 // Database is a database of its own for one test, migrated to a schema.
 type Database struct {
 	// Name is the database's name, a lowercase identifier.
@@ -186,11 +184,16 @@ func (e *environment) startPostgres(ctx context.Context) (*pgServer, error) {
 	defer cancel()
 
 	var adminURL, source, reason string
-	switch cfg := readSettings(); {
+	cfg := readSettings()
+	choice, err := e.useContainers()
+	if cfg.databaseURL == "" && err != nil {
+		return nil, err
+	}
+	switch {
 	case cfg.databaseURL != "":
 		adminURL, source, reason = cfg.databaseURL, "TEST_DATABASE_URL", "TEST_DATABASE_URL is set"
-	case e.docker() == nil:
-		ctr, err := tcpostgres.Run(ctx, postgresImage,
+	case choice.Use:
+		ctr, err := tcpostgres.Run(ctx, PostgresImage(),
 			testcontainers.WithCmd("postgres",
 				"-c", "fsync=off",
 				"-c", "synchronous_commit=off",
@@ -209,15 +212,15 @@ func (e *environment) startPostgres(ctx context.Context) (*pgServer, error) {
 		if adminURL, err = ctr.ConnectionString(ctx, "sslmode=disable"); err != nil {
 			return nil, fmt.Errorf("postgres container: %w", err)
 		}
-		source, reason = "testcontainers "+postgresImage, "TEST_DATABASE_URL is unset and a Docker engine answers"
+		source, reason = "testcontainers "+PostgresImage(), "TEST_DATABASE_URL is unset and "+choice.Reason
 	default:
 		cluster, err := localpg.Start(ctx, localpg.Config{}, e.logger)
 		if err != nil {
-			return nil, fmt.Errorf("local postgres cluster (TEST_DATABASE_URL is unset and there is no Docker engine: %v): %w", e.docker(), err)
+			return nil, fmt.Errorf("local postgres cluster (TEST_DATABASE_URL is unset, no containers: %s): %w", choice.Reason, err)
 		}
 		e.onTeardown(cluster.Stop)
 		adminURL = cluster.URL("postgres")
-		source, reason = "local cluster", fmt.Sprintf("TEST_DATABASE_URL is unset and there is no Docker engine (%v)", e.docker())
+		source, reason = "local cluster", "TEST_DATABASE_URL is unset, no containers: "+choice.Reason
 	}
 
 	u, err := url.Parse(adminURL)

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/testcontainers/testcontainers-go"
 	"go.uber.org/goleak"
 
 	"github.com/onceflow/onceflow/internal/freeport"
@@ -32,8 +31,9 @@ type environment struct {
 	// since only Run stops them.
 	running atomic.Bool
 
-	dockerOnce sync.Once
-	dockerErr  error // why no Docker engine is usable; nil if one answers
+	containersOnce sync.Once
+	containers     ContainerChoice // whether PostgreSQL and NATS run as containers
+	containersErr  error
 
 	pgOnce sync.Once
 	pg     *pgServer
@@ -127,33 +127,18 @@ func (e *environment) leakOptions() []goleak.Option {
 	}
 }
 
-// docker reports why containers cannot be used: nil when a Docker engine
-// answers. It asks once per binary.
-func (e *environment) docker() error {
-	e.dockerOnce.Do(func() {
-		e.dockerErr = dockerHealth()
+// useContainers reports whether the shared servers run as containers, and
+// why. It decides once per binary, for both servers, so that a machine
+// holding only one of the images runs both locally.
+func (e *environment) useContainers() (ContainerChoice, error) {
+	e.containersOnce.Do(func() {
+		e.containers, e.containersErr = ChooseContainers(context.Background(), PostgresImage(), NATSImage())
 	})
-	return e.dockerErr
+	return e.containers, e.containersErr
 }
 
 func (e *environment) markDockerUsed() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.usedDocker = true
-}
-
-func dockerHealth() (err error) {
-	// Some testcontainers paths panic when no engine is configured.
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("docker provider: %v", r)
-		}
-	}()
-	provider, err := testcontainers.NewDockerProvider()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	return provider.Health(ctx) // also closes the provider
 }

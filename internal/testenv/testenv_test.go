@@ -112,3 +112,31 @@ func TestNATSRestartKeepsStreams(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, stream.CachedInfo().State.Msgs)
 }
+
+func TestChooseContainers(t *testing.T) {
+	absent := "onceflow-testenv-absent:0.0.0"
+	tests := []struct {
+		mode    string
+		wantErr bool
+	}{
+		{mode: "off"},
+		{mode: "0"},
+		{mode: "auto"},
+		{mode: ""},
+		{mode: "sometimes", wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run("TEST_CONTAINERS="+tt.mode, func(t *testing.T) {
+			t.Setenv("TEST_CONTAINERS", tt.mode)
+			choice, err := testenv.ChooseContainers(t.Context(), absent)
+			if tt.wantErr {
+				require.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			// An image nobody has is never used in auto: no pull is tried.
+			require.False(t, choice.Use, choice.Reason)
+			require.NotEmpty(t, choice.Reason)
+		})
+	}
+}
