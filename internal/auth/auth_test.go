@@ -284,3 +284,31 @@ func BenchmarkVerify(b *testing.B) {
 		})
 	}
 }
+
+// A token the cache holds stands for itself only: a copy with its
+// signature replaced, stripped, or its header and payload with another
+// token's signature, is verified afresh and refused.
+func TestVerifyCachesTheWholeToken(t *testing.T) {
+	t.Parallel()
+	iss, v, _ := setup(t)
+	tok, err := iss.Token(auth.TokenRequest{Subject: "ops", Admin: true})
+	require.NoError(t, err)
+	other, err := iss.Token(auth.TokenRequest{Subject: "alice"})
+	require.NoError(t, err)
+	for range 2 { // verified, then from the cache
+		id, err := v.Verify(t.Context(), tok)
+		require.NoError(t, err)
+		require.True(t, id.Admin)
+	}
+	signed := tok[:strings.LastIndexByte(tok, '.')]
+	otherSig := other[strings.LastIndexByte(other, '.')+1:]
+	for name, forged := range map[string]string{
+		"forged signature":          signed + "." + strings.Repeat("A", len(otherSig)),
+		"stripped signature":        signed + ".",
+		"no signature part":         signed,
+		"another token's signature": signed + "." + otherSig,
+	} {
+		_, err := v.Verify(t.Context(), forged)
+		require.ErrorIs(t, err, auth.ErrInvalidToken, name)
+	}
+}

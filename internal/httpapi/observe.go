@@ -21,6 +21,43 @@ const tracerName = "github.com/onceflow/onceflow/internal/httpapi"
 // scanner's paths do not become label values.
 const routeUnmatched = "unmatched"
 
+// methodOther labels the requests whose method is none of knownMethods, so
+// that made-up methods do not become label values (or span names).
+const methodOther = "other"
+
+// knownMethods are the methods that label their requests as themselves.
+var knownMethods = map[string]bool{
+	http.MethodGet: true, http.MethodHead: true, http.MethodPost: true, http.MethodPut: true,
+	http.MethodPatch: true, http.MethodDelete: true, http.MethodOptions: true,
+}
+
+// methodLabel is the label of method: itself if known, else "other". The
+// label set is fixed, whatever an anonymous caller sends.
+func methodLabel(method string) string {
+	if knownMethods[method] {
+		return method
+	}
+	return methodOther
+}
+
+// routeLabel is the template of the route c matched (/orders/:id), or
+// "unmatched": a label from a fixed set, whatever path was asked for.
+func routeLabel(c echo.Context) string {
+	if r := c.Path(); r != "" {
+		return r
+	}
+	return routeUnmatched
+}
+
+// semconvMethod is method as OpenTelemetry's http.request.method wants it:
+// "_OTHER" for a method it does not know.
+func semconvMethod(method string) string {
+	if knownMethods[method] {
+		return method
+	}
+	return "_OTHER"
+}
+
 // untraced are the routes that get no span: probes and scrapes, which would
 // drown the traces worth reading.
 var untraced = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true}
@@ -68,17 +105,14 @@ func Observe(reg prometheus.Registerer, tp trace.TracerProvider) (echo.Middlewar
 			defer inFlight.Dec()
 
 			req := c.Request()
-			route := c.Path()
-			if route == "" {
-				route = routeUnmatched
-			}
+			method, route := methodLabel(req.Method), routeLabel(c)
 			var span trace.Span
 			if !untraced[route] {
 				ctx := propagation.TraceContext{}.Extract(req.Context(), propagation.HeaderCarrier(req.Header))
-				ctx, span = tracer.Start(ctx, req.Method+" "+route,
+				ctx, span = tracer.Start(ctx, method+" "+route,
 					trace.WithSpanKind(trace.SpanKindServer),
 					trace.WithAttributes(
-						attribute.String("http.request.method", req.Method),
+						attribute.String("http.request.method", semconvMethod(req.Method)),
 						attribute.String("http.route", route),
 						attribute.String("url.path", req.URL.Path),
 					))
@@ -91,10 +125,10 @@ func Observe(reg prometheus.Registerer, tp trace.TracerProvider) (echo.Middlewar
 
 			resp := c.Response()
 			status := resp.Status
-			requests.WithLabelValues(req.Method, route, strconv.Itoa(status)).Inc()
-			duration.WithLabelValues(req.Method, route).Observe(time.Since(start).Seconds())
+			requests.WithLabelValues(method, route, strconv.Itoa(status)).Inc()
+			duration.WithLabelValues(method, route).Observe(time.Since(start).Seconds())
 			if resp.Header().Get(HeaderReplayed) == "true" {
-				replays.WithLabelValues(req.Method, route).Inc()
+				replays.WithLabelValues(method, route).Inc()
 			}
 			if span != nil {
 				span.SetAttributes(attribute.Int("http.response.status_code", status))

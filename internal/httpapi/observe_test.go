@@ -3,9 +3,13 @@ package httpapi_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -137,4 +141,58 @@ func TestErrorHandlerLogsFailuresNotRefusals(t *testing.T) {
 	}
 	require.Contains(t, logs.String(), "level=ERROR msg=\"request failed\" method=GET path=/boom")
 	require.NotContains(t, logs.String(), "/busy")
+}
+
+// Nothing an anonymous caller sends becomes a label: 200 made-up methods,
+// 200 made-up paths and both at once, on a route and off any, add a
+// handful of series (their method is "other", their route a template or
+// "unmatched"), and the spans' names come from the same fixed set.
+func TestObserveLabelsAreAFixedSet(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	rec := tracetest.NewSpanRecorder()
+	observe, err := httpapi.Observe(reg, sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))
+	require.NoError(t, err)
+	e := httpapi.New(slog.New(slog.DiscardHandler), observe)
+	e.GET("/things/:id", func(c echo.Context) error { return c.String(http.StatusOK, "ok") })
+	serve := func(method, path string) {
+		rr := httptest.NewRecorder()
+		e.ServeHTTP(rr, httptest.NewRequest(method, path, nil))
+	}
+	series := func() int {
+		families, err := reg.Gather()
+		require.NoError(t, err)
+		n := 0
+		for _, f := range families {
+			n += len(f.GetMetric())
+		}
+		return n
+	}
+	// The legitimate traffic's series exist before the attack.
+	serve(http.MethodGet, "/things/1")
+	serve(http.MethodGet, "/nothing")
+	before := series()
+
+	for i := range 200 {
+		method := fmt.Sprintf("X%dMADEUP", i)
+		if i == 0 {
+			method = strings.Repeat("M", 60<<10)
+		}
+		serve(method, fmt.Sprintf("/scan/%d/%s", i, strings.Repeat("p", i)))
+		serve(method, fmt.Sprintf("/things/%d", i))
+		serve(http.MethodGet, fmt.Sprintf("/made/up/%d", i))
+	}
+	added := series() - before
+	require.LessOrEqual(t, added, 6, "series added by 600 made-up requests")
+
+	names := map[string]bool{}
+	for _, s := range rec.Ended() {
+		names[s.Name()] = true
+		for _, a := range s.Attributes() {
+			if a.Key == "http.request.method" {
+				require.Contains(t, []string{http.MethodGet, "_OTHER"}, a.Value.AsString())
+			}
+		}
+	}
+	require.Subset(t, []string{"GET /things/:id", "GET unmatched", "other /things/:id", "other unmatched"}, slices.Collect(maps.Keys(names)))
 }
