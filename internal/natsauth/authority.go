@@ -174,6 +174,7 @@ func (a *Authority) Creds(identity string, p streams.Permissions) ([]byte, error
 	uc.Name = identity
 	uc.IssuerAccount = accPub
 	uc.Pub.Allow.Add(p.Publish...)
+	uc.Pub.Deny.Add(p.DenyPublish...)
 	uc.Sub.Allow.Add(p.Subscribe...)
 	userJWT, err := uc.Encode(a.signing)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
@@ -113,4 +114,115 @@ func TestIdentitiesHaveTheTopologysPermissionsOnly(t *testing.T) {
 	_, err = payment.Consumer(cctx, streams.Payments, streams.InventoryPayments)
 	require.Error(t, err)
 	v.refused(t, "$JS.API.CONSUMER.INFO.PAYMENTS.inventory-payments")
+}
+
+// publishRefused publishes on subject as js and requires the server to
+// refuse it.
+func publishRefused(t *testing.T, js jetstream.JetStream, v *violations, subject string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	_, err := js.Publish(ctx, subject, []byte("{}"), jetstream.WithMsgID(uuid.NewString()))
+	require.Error(t, err, subject)
+	v.refused(t, subject)
+}
+
+// The replay subjects are the operator's: a stream's owner, whose
+// permission covers the stream's subjects, may not publish them, and no
+// service may publish another durable's dead letters.
+func TestReplaySubjectsAreTheOperatorsAlone(t *testing.T) {
+	t.Parallel()
+	n := testenv.NewNATS(t)
+	ctx := t.Context()
+	topology := streams.Saga(streams.Config{})
+	require.NoError(t, natsauth.Provision(ctx, n.Client(streams.Provisioner), topology))
+
+	for _, c := range topology.Consumers {
+		owner := topology.Owner(c.FilterSubjects[0])
+		js, v := as(t, n, owner)
+		_, err := js.Publish(ctx, c.FilterSubjects[0], []byte("{}"), jetstream.WithMsgID(uuid.NewString()))
+		require.NoError(t, err, "%s publishes its own subject", owner)
+		for _, f := range c.FilterSubjects {
+			publishRefused(t, js, v, streams.ReplaySubject(f, c.Durable))
+		}
+	}
+	operator, _ := as(t, n, streams.Operator)
+	for _, r := range topology.ReplaySubjects() {
+		_, err := operator.Publish(ctx, r, []byte("{}"), jetstream.WithMsgID(uuid.NewString()))
+		require.NoError(t, err, r)
+	}
+
+	// notify consumes notify-orders only: payment's dead letters are not its
+	// to write.
+	notify, v := as(t, n, "notify")
+	_, err := notify.Publish(ctx, streams.DLQSubjectPrefix+streams.NotifyOrders, []byte("{}"))
+	require.NoError(t, err)
+	for _, c := range topology.Consumers {
+		if c.Service != "notify" {
+			publishRefused(t, notify, v, streams.DLQSubjectPrefix+c.Durable)
+		}
+	}
+}
+
+// The operator reads, pauses and replays, but cannot delete, recreate or
+// pull from a service's durable.
+func TestTheOperatorCannotTakeAServicesDurable(t *testing.T) {
+	t.Parallel()
+	n := testenv.NewNATS(t)
+	ctx := t.Context()
+	topology := streams.Saga(streams.Config{})
+	require.NoError(t, natsauth.Provision(ctx, n.Client(streams.Provisioner), topology))
+	admin := n.JetStream(t)
+	_, err := admin.Publish(ctx, "orders.placed.v1", []byte("{}"), jetstream.WithMsgID(uuid.NewString()))
+	require.NoError(t, err)
+
+	operator, v := as(t, n, streams.Operator)
+	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 300*time.Millisecond) }
+	for _, c := range topology.Consumers {
+		name := c.Stream + "." + c.Durable
+		dctx, cancel := short()
+		require.Error(t, operator.DeleteConsumer(dctx, c.Stream, c.Durable), c.Durable)
+		cancel()
+		v.refused(t, "$JS.API.CONSUMER.DELETE."+name)
+
+		cctx, cancel := short()
+		_, err := operator.CreateOrUpdateConsumer(cctx, c.Stream, jetstream.ConsumerConfig{
+			Durable: c.Durable, AckPolicy: jetstream.AckNonePolicy, FilterSubject: c.FilterSubjects[0],
+		})
+		cancel()
+		require.Error(t, err, c.Durable)
+		v.refused(t, "$JS.API.CONSUMER.CREATE."+name+"."+c.FilterSubjects[0])
+	}
+
+	// It sees the durable, but a pull from it is refused.
+	cons, err := operator.Consumer(ctx, streams.Orders, streams.PaymentOrders)
+	require.NoError(t, err)
+	batch, err := cons.FetchNoWait(1)
+	require.NoError(t, err)
+	for range batch.Messages() {
+		t.Fatal("the operator pulled a message from payment-orders")
+	}
+	v.refused(t, "$JS.API.CONSUMER.MSG.NEXT.ORDERS."+streams.PaymentOrders)
+	info, err := cons.Info(ctx)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), info.NumPending, "the message is still the service's")
+	require.Zero(t, info.NumAckPending)
+	for _, c := range topology.Consumers {
+		_, err := admin.Consumer(ctx, c.Stream, c.Durable)
+		require.NoError(t, err, "%s is still there", c.Durable)
+	}
+
+	// What the operator is for still works: its own consumer reads the
+	// stream, pausing a durable, publishing a replay subject.
+	st, err := operator.Stream(ctx, streams.Orders)
+	require.NoError(t, err)
+	oc, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	require.NoError(t, err)
+	msg, err := oc.Next(jetstream.FetchMaxWait(5 * time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "orders.placed.v1", msg.Subject())
+	_, err = operator.PauseConsumer(ctx, streams.Orders, streams.PaymentOrders, time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	_, err = operator.ResumeConsumer(ctx, streams.Orders, streams.PaymentOrders)
+	require.NoError(t, err)
 }

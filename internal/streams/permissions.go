@@ -14,10 +14,15 @@ const (
 )
 
 // Permissions are the subjects an identity may publish and subscribe to,
-// in NATS's subject syntax. Everything else is denied.
+// in NATS's subject syntax. Everything else is denied, and so is what
+// DenyPublish names even where Publish would allow it.
 type Permissions struct {
 	Publish   []string
 	Subscribe []string
+	// DenyPublish carves out of Publish what a wildcard there would cover
+	// but the identity may not do: an owner's replay subjects, the
+	// operator's hold on the services' durables.
+	DenyPublish []string
 }
 
 // Services returns the services of t, sorted: the owners of its streams and
@@ -46,13 +51,16 @@ func (t Topology) Identities() []string {
 func InboxPrefix(identity string) string { return "_INBOX_" + identity }
 
 // Permissions returns what identity may do on NATS, derived from t: a
-// service publishes its own streams' subjects and the dead letters of its
-// own durables, and uses the JetStream API only to look up, pull from and
-// ack its own durables; the Provisioner creates and updates t's streams and
-// durables and publishes nothing else; the Operator reads streams and
-// consumers. Every identity receives replies on its own InboxPrefix. An
-// identity t does not know, such as a service that neither publishes nor
-// consumes, may only connect.
+// service publishes its own streams' subjects but not their replay
+// subjects, and the dead letters of its own durables, and uses the
+// JetStream API only to look up, pull from and ack its own durables; the
+// Provisioner creates and updates t's streams and durables and publishes
+// nothing else; the Operator reads streams and consumers through
+// consumers of its own, pauses consumers and publishes the replay
+// subjects, but may not create, delete or pull from t's durables. Every
+// identity receives replies on its own InboxPrefix. An identity t does
+// not know, such as a service that neither publishes nor consumes, may
+// only connect.
 func (t Topology) Permissions(identity string) Permissions {
 	p := Permissions{Subscribe: []string{InboxPrefix(identity) + ".>"}}
 	switch identity {
@@ -60,10 +68,56 @@ func (t Topology) Permissions(identity string) Permissions {
 		p.Publish = t.provisionerSubjects()
 	case Operator:
 		p.Publish = t.operatorSubjects()
+		p.DenyPublish = t.durableAdmin()
 	default:
 		p.Publish = t.serviceSubjects(identity)
+		p.DenyPublish = t.replaySubjectsIn(p.Publish)
 	}
 	return p
+}
+
+// ReplaySubjects are the replay subjects of t's durables (see
+// Consumer.Filters): the operator's alone to publish.
+func (t Topology) ReplaySubjects() []string {
+	var out []string
+	for _, c := range t.Consumers {
+		for _, f := range c.Filters() {
+			if _, _, ok := ReplayOf(f); ok {
+				out = append(out, f)
+			}
+		}
+	}
+	return out
+}
+
+// replaySubjectsIn returns the replay subjects of t that a subject of
+// allowed matches: an owner's "orders.>" covers orders.placed.v1's.
+func (t Topology) replaySubjectsIn(allowed []string) []string {
+	var deny []string
+	for _, r := range t.ReplaySubjects() {
+		if slices.ContainsFunc(allowed, func(a string) bool { return SubjectMatches(a, r) }) {
+			deny = append(deny, r)
+		}
+	}
+	return deny
+}
+
+// durableAdmin is the JetStream API on t's durables that the operator's
+// wildcards cover and only their service (pulling) or the Provisioner
+// (creating) may use: deleting or recreating one would lose its position,
+// and pulling from one would take its messages from the service.
+func (t Topology) durableAdmin() []string {
+	var deny []string
+	for _, c := range t.Consumers {
+		name := c.Stream + "." + c.Durable
+		deny = append(deny,
+			"$JS.API.CONSUMER.CREATE."+name,
+			"$JS.API.CONSUMER.CREATE."+name+".>",
+			"$JS.API.CONSUMER.DELETE."+name,
+			"$JS.API.CONSUMER.MSG.NEXT."+name,
+		)
+	}
+	return deny
 }
 
 func (t Topology) serviceSubjects(service string) []string {
@@ -114,14 +168,7 @@ func (t Topology) provisionerSubjects() []string {
 }
 
 func (t Topology) operatorSubjects() []string {
-	pub := []string{"$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST", DLQActionsSubjectPrefix + ">"}
-	for _, c := range t.Consumers {
-		for _, f := range c.Filters() {
-			if _, _, ok := ReplayOf(f); ok {
-				pub = append(pub, f)
-			}
-		}
-	}
+	pub := append([]string{"$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST", DLQActionsSubjectPrefix + ">"}, t.ReplaySubjects()...)
 	for _, s := range t.AllStreams() {
 		pub = append(pub,
 			"$JS.API.STREAM.INFO."+s.Name,
@@ -133,7 +180,8 @@ func (t Topology) operatorSubjects() []string {
 			"$JS.API.CONSUMER.LIST."+s.Name,
 			// The auditor and the DLQ tool read a stream through an
 			// ordered consumer of their own (internal/streamscan), which
-			// expires when they stop.
+			// expires when they stop. The services' durables are denied
+			// (durableAdmin).
 			"$JS.API.CONSUMER.CREATE."+s.Name+".*",
 			"$JS.API.CONSUMER.CREATE."+s.Name+".*.>",
 			"$JS.API.CONSUMER.MSG.NEXT."+s.Name+".*",

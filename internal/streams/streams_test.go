@@ -2,6 +2,7 @@ package streams_test
 
 import (
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -147,4 +148,64 @@ func TestProvisionAppliesTheConsumerSettings(t *testing.T) {
 	cons, err = js.Consumer(ctx, streams.Orders, "own")
 	require.NoError(t, err)
 	require.Equal(t, 3*time.Second, cons.CachedInfo().Config.AckWait, "a consumer's own setting wins")
+}
+
+// Every identity's permissions follow from the topology, for a service
+// added to it (as `onceflow new service` adds one) as for the saga's: a
+// consumer publishes its durables' dead letters and no other's, an owner
+// its stream's subjects but not their replay subjects, and the operator
+// those replay subjects but not the JetStream API of anyone's durable.
+func TestPermissionsFollowTheTopology(t *testing.T) {
+	t.Parallel()
+	topology := streams.Saga(streams.Config{})
+	topology.Streams = append(topology.Streams, streams.Stream{Name: "SHIPPING", Subjects: []string{"shipping.>"}, Owner: "shipping"})
+	topology.Consumers = append(topology.Consumers,
+		streams.Consumer{Stream: streams.Orders, Durable: "shipping-orders", Service: "shipping", FilterSubjects: []string{"orders.confirmed.v1"}},
+		streams.Consumer{Stream: "SHIPPING", Durable: "notify-shipping", Service: "notify", FilterSubjects: []string{"shipping.sent.v1"}},
+	)
+
+	notify := topology.Permissions("notify")
+	require.ElementsMatch(t, []string{
+		"$JS.API.INFO",
+		"$JS.API.CONSUMER.INFO.ORDERS.notify-orders", "$JS.API.CONSUMER.MSG.NEXT.ORDERS.notify-orders",
+		"$JS.ACK.ORDERS.notify-orders.>", "$JS.ACK.*.*.ORDERS.notify-orders.>", "dlq.notify-orders",
+		"$JS.API.CONSUMER.INFO.SHIPPING.notify-shipping", "$JS.API.CONSUMER.MSG.NEXT.SHIPPING.notify-shipping",
+		"$JS.ACK.SHIPPING.notify-shipping.>", "$JS.ACK.*.*.SHIPPING.notify-shipping.>", "dlq.notify-shipping",
+	}, notify.Publish)
+	require.Empty(t, notify.DenyPublish, "notify owns no stream")
+	require.Equal(t, []string{"_INBOX_notify.>"}, notify.Subscribe)
+
+	shipping := topology.Permissions("shipping")
+	require.Contains(t, shipping.Publish, "shipping.>")
+	require.Contains(t, shipping.Publish, "dlq.shipping-orders")
+	require.NotContains(t, shipping.Publish, "dlq.notify-shipping")
+	require.Equal(t, []string{"shipping.sent.v1.replay.notify-shipping"}, shipping.DenyPublish)
+
+	order := topology.Permissions("order")
+	require.Contains(t, order.Publish, "orders.>")
+	require.ElementsMatch(t, []string{
+		"orders.placed.v1.replay.payment-orders",
+		"orders.placed.v1.replay.notify-orders", "orders.confirmed.v1.replay.notify-orders",
+		"orders.rejected.v1.replay.notify-orders", "orders.cancelled.v1.replay.notify-orders",
+		"orders.confirmed.v1.replay.shipping-orders",
+	}, order.DenyPublish)
+
+	operator := topology.Permissions(streams.Operator)
+	for _, r := range topology.ReplaySubjects() {
+		require.Contains(t, operator.Publish, r)
+		require.NotContains(t, order.Publish, r)
+	}
+	require.Len(t, topology.ReplaySubjects(), 14)
+	for _, c := range topology.Consumers {
+		for _, api := range []string{"CREATE", "DELETE", "MSG.NEXT"} {
+			subject := "$JS.API.CONSUMER." + api + "." + c.Stream + "." + c.Durable
+			require.Contains(t, operator.DenyPublish, subject)
+			require.True(t, slices.ContainsFunc(operator.Publish, func(a string) bool { return streams.SubjectMatches(a, subject) }),
+				"%s: the deny is needed: a wildcard allows it", subject)
+		}
+	}
+	for _, p := range []streams.Permissions{topology.Permissions(streams.Provisioner), topology.Permissions("nobody")} {
+		require.Empty(t, p.DenyPublish)
+	}
+	require.Equal(t, []string{"$JS.API.INFO"}, topology.Permissions("nobody").Publish)
 }
