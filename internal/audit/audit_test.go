@@ -164,6 +164,32 @@ func TestAudit(t *testing.T) {
 			violation: `sku "apple": available 98 + reserved 5 = 103, but its movements add up to 100 (+3)`,
 		},
 		{
+			// The other direction: units gone from the shelf that no
+			// movement or reservation accounts for (a lost release, a
+			// double reservation). A check of "more than the ledger" only
+			// lets this pass.
+			name: "units lost from the shelf",
+			corrupt: func(t *testing.T) func() {
+				s.exec(t, "inventory", `UPDATE stock SET available = available - 2 WHERE sku = 'apple'`)
+				return func() { s.exec(t, "inventory", `UPDATE stock SET available = available + 2 WHERE sku = 'apple'`) }
+			},
+			want:      []string{audit.CheckStock},
+			violation: `sku "apple": available 93 + reserved 5 = 98, but its movements add up to 100 (-2)`,
+		},
+		{
+			// A movement recorded without its units reaching the shelf:
+			// the ledger says more than the stock holds.
+			name: "a movement whose units never arrived",
+			corrupt: func(t *testing.T) func() {
+				s.exec(t, "inventory", `INSERT INTO stock_movements (sku, kind, delta, reason) VALUES ('apple', 'ADJUSTMENT', 4, 'audit test')`)
+				return func() {
+					s.exec(t, "inventory", `DELETE FROM stock_movements WHERE sku = 'apple' AND reason = 'audit test'`)
+				}
+			},
+			want:      []string{audit.CheckStock},
+			violation: `sku "apple": available 95 + reserved 5 = 100, but its movements add up to 104 (-4)`,
+		},
+		{
 			// A second OrderConfirmed under a new id: notify's unique
 			// (order, kind) absorbs it, any other subscriber would act
 			// twice.

@@ -79,25 +79,34 @@ func ScanAtMost(ctx context.Context, st jetstream.Stream, cfg jetstream.OrderedC
 		defer cancel()
 		_ = st.DeleteConsumer(ctx, info.Name)
 	}()
+	if err := read(ctx, cons, last, f); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// read fetches from cons into f until the scan is done, waiting out
+// unanswered fetches for up to unanswered.
+func read(ctx context.Context, cons jetstream.Consumer, last uint64, f func(Message) bool) error {
 	var quietSince time.Time // since when fetches go unanswered
 	for {
 		done, err := fetch(ctx, cons, last, f)
 		switch {
 		case err == nil && done:
-			return true, nil
+			return nil
 		case err == nil:
 			quietSince = time.Time{}
 			continue
 		case !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, errUnfinished):
-			return false, fmt.Errorf("scan: %w", err)
+			return fmt.Errorf("scan: %w", err)
 		case quietSince.IsZero():
 			quietSince = time.Now()
 		case time.Since(quietSince) > unanswered:
-			return false, fmt.Errorf("scan: unanswered for %s: %w", unanswered, err)
+			return fmt.Errorf("scan: unanswered for %s: %w", unanswered, err)
 		}
 		select {
 		case <-ctx.Done():
-			return false, fmt.Errorf("scan: %w", context.Cause(ctx))
+			return fmt.Errorf("scan: %w", context.Cause(ctx))
 		case <-time.After(retryWait):
 		}
 	}
