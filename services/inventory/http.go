@@ -155,8 +155,9 @@ func (s *Service) adjust(c echo.Context) error {
 // count sets a SKU's level to what a stock count found, on the condition
 // that the level is still the one counted: If-Match names its version. A
 // reservation since then changed the version, and the count is refused
-// (412) instead of putting the reserved units back on the shelf. It records
-// the difference as a movement.
+// (412) instead of putting the reserved units back on the shelf; so is
+// "If-Match: *", which names no version. It records the difference as a
+// movement.
 func (s *Service) count(c echo.Context) error {
 	var req countRequest
 	sku, _, err := readWrite(c, &req)

@@ -159,6 +159,12 @@ func TestStockCountCannotUndoAReservation(t *testing.T) {
 	require.Equal(t, http.StatusPreconditionFailed, resp.StatusCode, p.Detail)
 	resp = svc.Do(t, http.MethodPut, "/stock/apple", svc.AsAdmin(t), map[string]int64{"available": 10}, &p)
 	require.Equal(t, http.StatusPreconditionRequired, resp.StatusCode, "a level is never set unconditionally")
+	// "*" matches any version (RFC 9110): it names no count, so it would
+	// overwrite the reservation like no condition at all.
+	for _, match := range []string{"*", "W/" + etag, etag + ", *"} {
+		resp = svc.Do(t, http.MethodPut, "/stock/apple", svc.AsAdmin(t, http.Header{"If-Match": {match}}), map[string]int64{"available": 10}, &p)
+		require.Equal(t, http.StatusPreconditionFailed, resp.StatusCode, "If-Match: %s", match)
+	}
 	require.Equal(t, int64(7), available(t, svc, "apple"), "the reservation stands")
 
 	var item inventory.StockItem
