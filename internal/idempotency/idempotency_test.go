@@ -181,12 +181,15 @@ func TestConcurrentRequestsWithOneKeyWriteOnce(t *testing.T) {
 }
 
 // A retry while the first request holds the key waits for it, and is told
-// to come back when the wait is over.
+// to come back when the wait is over: no sooner than the store's setting,
+// and within a small multiple of it (a unit mix-up, seconds for
+// milliseconds, would hold every retry for minutes).
 func TestRetryWhileInFlightIsRefusedAfterTheWait(t *testing.T) {
 	t.Parallel()
+	const wait = 200 * time.Millisecond
 	forEachWay(t, func(t *testing.T, do way) {
 		ctx := t.Context()
-		f := newFixture(t, 100*time.Millisecond)
+		f := newFixture(t, wait)
 		holding, release := make(chan struct{}), make(chan struct{})
 		var once sync.Once
 		free := func() { once.Do(func() { close(release) }) }
@@ -202,8 +205,16 @@ func TestRetryWhileInFlightIsRefusedAfterTheWait(t *testing.T) {
 			done <- err
 		}()
 		<-holding
-		_, _, err := do(f.store, ctx, request("slow", "a"), insert(false))
+		// A wait far past the bound ends on this deadline instead, with
+		// another error than ErrInFlight.
+		retryCtx, cancel := context.WithTimeout(ctx, 50*wait)
+		defer cancel()
+		start := time.Now()
+		_, _, err := do(f.store, retryCtx, request("slow", "a"), insert(false))
+		waited := time.Since(start)
 		require.ErrorIs(t, err, idempotency.ErrInFlight)
+		require.GreaterOrEqual(t, waited, wait, "the retry waits for the request in flight")
+		require.Less(t, waited, 10*wait, "the retry's wait is bounded by the store's setting")
 		free()
 		require.NoError(t, <-done)
 		require.Zero(t, f.things(t), "a retry in flight must not write")
