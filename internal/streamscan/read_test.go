@@ -3,6 +3,7 @@ package streamscan
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -49,7 +50,7 @@ func TestReadThroughUnansweredFetches(t *testing.T) {
 			require.NoError(t, err)
 			cons := &faultyConsumer{Consumer: real, faults: tt.faults}
 			var seqs []uint64
-			err = read(ctx, cons, n, func(m Message) bool {
+			err = read(ctx, cons, n, unanswered, func(m Message) bool {
 				seqs = append(seqs, m.Seq)
 				return true
 			})
@@ -63,9 +64,46 @@ func TestReadThroughUnansweredFetches(t *testing.T) {
 	}
 }
 
-// faultyConsumer answers its first fetch, then gives its faults one per
-// fetch (nil: an empty batch without an error, as an expired fetch ends),
-// then answers again.
+// TestReadGivesUpOnAConsumerThatNeverAnswers: a scan waits out unanswered
+// fetches for its patience, then fails, within a small multiple of it.
+func TestReadGivesUpOnAConsumerThatNeverAnswers(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	js := testenv.NewNATS(t).JetStream(t)
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SILENT", Subjects: []string{"silent.>"}})
+	require.NoError(t, err)
+	for range 2 {
+		_, err = js.Publish(ctx, "silent.x", nil)
+		require.NoError(t, err)
+	}
+
+	for _, fault := range []error{nil, nats.ErrNoResponders} {
+		t.Run(fmt.Sprint(fault), func(t *testing.T) {
+			const patience = 500 * time.Millisecond
+			silent := make([]error, 1000) // more than a patience's worth of fetches
+			for i := range silent {
+				silent[i] = fault
+			}
+			// The first fetch is answered with the first message, so
+			// that the consumer exists (an empty fetch asks it whether
+			// it is done) and has the second one pending.
+			real, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{InactiveThreshold: inactive})
+			require.NoError(t, err)
+			cons := &faultyConsumer{Consumer: real, faults: silent}
+			start := time.Now()
+			err = read(ctx, cons, 2, patience, func(Message) bool { return true })
+			waited := time.Since(start)
+			require.Error(t, err)
+			require.Contains(t, err.Error(), "unanswered for")
+			require.GreaterOrEqual(t, waited, patience)
+			require.Less(t, waited, 5*patience, "the wait is bounded by the patience")
+		})
+	}
+}
+
+// faultyConsumer answers its first fetch with one message, then gives its
+// faults one per fetch (nil: an empty batch without an error, as an
+// expired fetch ends), then answers again.
 type faultyConsumer struct {
 	jetstream.Consumer
 	fetched bool
@@ -73,8 +111,11 @@ type faultyConsumer struct {
 }
 
 func (c *faultyConsumer) FetchNoWait(n int) (jetstream.MessageBatch, error) {
-	if !c.fetched || len(c.faults) == 0 {
+	if !c.fetched {
 		c.fetched = true
+		return c.Consumer.FetchNoWait(1)
+	}
+	if len(c.faults) == 0 {
 		return c.Consumer.FetchNoWait(n)
 	}
 	err := c.faults[0]

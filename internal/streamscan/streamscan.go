@@ -79,15 +79,15 @@ func ScanAtMost(ctx context.Context, st jetstream.Stream, cfg jetstream.OrderedC
 		defer cancel()
 		_ = st.DeleteConsumer(ctx, info.Name)
 	}()
-	if err := read(ctx, cons, last, f); err != nil {
+	if err := read(ctx, cons, last, unanswered, f); err != nil {
 		return false, err
 	}
 	return true, nil
 }
 
 // read fetches from cons into f until the scan is done, waiting out
-// unanswered fetches for up to unanswered.
-func read(ctx context.Context, cons jetstream.Consumer, last uint64, f func(Message) bool) error {
+// unanswered fetches for up to patience.
+func read(ctx context.Context, cons jetstream.Consumer, last uint64, patience time.Duration, f func(Message) bool) error {
 	var quietSince time.Time // since when fetches go unanswered
 	for {
 		done, err := fetch(ctx, cons, last, f)
@@ -101,8 +101,8 @@ func read(ctx context.Context, cons jetstream.Consumer, last uint64, f func(Mess
 			return fmt.Errorf("scan: %w", err)
 		case quietSince.IsZero():
 			quietSince = time.Now()
-		case time.Since(quietSince) > unanswered:
-			return fmt.Errorf("scan: unanswered for %s: %w", unanswered, err)
+		case time.Since(quietSince) > patience:
+			return fmt.Errorf("scan: unanswered for %s: %w", patience, err)
 		}
 		select {
 		case <-ctx.Done():
