@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"time"
 
 	"github.com/caarlos0/env/v11"
 
@@ -30,6 +31,20 @@ type consoleEnv struct {
 	// Auth, with AUTH_JWKS_URL set, lets the services' operators act with
 	// their JWTs (role admin), recorded by their subject.
 	Auth auth.Config
+	// Hosts are the Host headers the console answers (DNS rebinding);
+	// default its address and, on a loopback or unspecified one, the
+	// loopback names with its port.
+	Hosts []string `env:"CONSOLE_HOSTS"`
+	// SessionTTL bounds a sign-in (and the token's expiry, if sooner).
+	SessionTTL time.Duration `env:"CONSOLE_SESSION_TTL" envDefault:"12h"`
+	// SecureCookie marks the sign-in cookie Secure, for a console behind a
+	// TLS-terminating proxy.
+	SecureCookie bool `env:"CONSOLE_SECURE_COOKIE"`
+}
+
+// config is the console's configuration from c, reading acfg's system.
+func (c consoleEnv) config(acfg audit.Config, a console.Authorizer, hint string) console.Config {
+	return console.Config{Audit: acfg, Auth: a, AuthHint: hint, Hosts: c.Hosts, SessionTTL: c.SessionTTL, SecureCookie: c.SecureCookie}
 }
 
 // authorizer is who may act from the console: the holders of the shared
@@ -59,11 +74,17 @@ pipeline's lag (outboxes, consumers, open dead letters); the DLQ with
 replay and discard; the audit on demand. It reads the four service
 databases (<SERVICE>_DATABASE_URL, as 'onceflow audit') and NATS_URL.
 
-Replaying and discarding need an operator: one signs in with a JWT of the
+It shows all this to operators only: one signs in with a JWT of the
 services' identity provider (AUTH_JWKS_URL, AUTH_ISSUER, AUTH_AUDIENCE)
 whose roles have admin, recorded by its subject, or with
-CONSOLE_OPERATOR_TOKEN (recorded as CONSOLE_OPERATOR_NAME); with neither
-set, nobody can act from the console.`)
+CONSOLE_OPERATOR_TOKEN (recorded as CONSOLE_OPERATOR_NAME); one of the two
+is required. A sign-in lasts CONSOLE_SESSION_TTL (default 12h) or until
+the token expires; set CONSOLE_SECURE_COOKIE behind a TLS proxy.
+
+It answers only the Host names in CONSOLE_HOSTS (comma-separated, "name"
+or "name:port"; default its address and, on a loopback or unspecified
+one, localhost, 127.0.0.1 and [::1] with its port): a page of another
+site whose name resolves to the console (DNS rebinding) is refused.`)
 	if err := parse(fs, args, inv.stdout); err != nil {
 		return helped(err)
 	}
@@ -84,8 +105,12 @@ set, nobody can act from the console.`)
 			return fmt.Errorf("console: %w", err)
 		}
 	}
-	cfg := console.Config{Audit: acfg, Auth: cenv.authorizer(verifier),
-		AuthHint: "An operator's JWT (role admin) from the services' identity provider, or the console's CONSOLE_OPERATOR_TOKEN."}
+	authorizer := cenv.authorizer(verifier)
+	if authorizer == nil {
+		return errors.New("console: nobody could sign in: set AUTH_JWKS_URL (operators' JWTs) or CONSOLE_OPERATOR_TOKEN")
+	}
+	cfg := cenv.config(acfg, authorizer,
+		"An operator's JWT (role admin) from the services' identity provider, or the console's CONSOLE_OPERATOR_TOKEN.")
 	srv, err := console.New(ctx, cfg, inv.logger)
 	if err != nil {
 		return err
@@ -114,11 +139,7 @@ func serveDevConsole(ctx context.Context, inv invocation, e *dev.Env, host strin
 		cancel()
 		return "", "", nil, fmt.Errorf("console: %w", err)
 	}
-	cfg := console.Config{
-		Audit:    devAuditConfig(e),
-		Auth:     cenv.authorizer(verifier),
-		AuthHint: "onceflow dev printed it: $ADMIN, or the console's operator token.",
-	}
+	cfg := cenv.config(devAuditConfig(e), cenv.authorizer(verifier), "onceflow dev printed it: $ADMIN, or the console's operator token.")
 	srv, err := console.New(ctx, cfg, inv.logger)
 	if err != nil {
 		cancel()

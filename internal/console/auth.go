@@ -1,11 +1,13 @@
 package console
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"errors"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/onceflow/onceflow/internal/auth"
 )
@@ -21,12 +23,22 @@ var (
 // tokenCookie holds the token of a browser that signed in.
 const tokenCookie = "onceflow_console_token"
 
-// Authorizer decides who may act on the system (replay, discard): the seam
-// where the console's authentication plugs in.
+// Authorizer decides who is an operator, the only one the console shows
+// anything to or lets act: the seam where the console's authentication
+// plugs in.
 type Authorizer interface {
-	// Operator returns the name of the operator whose credentials token
-	// carries, or ErrUnauthenticated or ErrForbidden.
-	Operator(ctx context.Context, token string) (string, error)
+	// Operator returns the operator whose credentials token carries, or
+	// ErrUnauthenticated or ErrForbidden.
+	Operator(ctx context.Context, token string) (Operator, error)
+}
+
+// Operator is who signed in.
+type Operator struct {
+	// Name is whom their actions are recorded by.
+	Name string
+	// Expires is when their credentials stop being valid (a JWT's exp);
+	// zero when they do not say.
+	Expires time.Time
 }
 
 // TokenAuth accepts one shared operator token, configured when the console
@@ -38,16 +50,14 @@ type TokenAuth struct {
 }
 
 // Operator implements Authorizer.
-func (a TokenAuth) Operator(_ context.Context, token string) (string, error) {
+func (a TokenAuth) Operator(_ context.Context, token string) (Operator, error) {
 	switch {
 	case token == "":
-		return "", ErrUnauthenticated
+		return Operator{}, ErrUnauthenticated
 	case a.Token == "" || subtle.ConstantTimeCompare([]byte(token), []byte(a.Token)) != 1:
-		return "", ErrForbidden
-	case a.Name != "":
-		return a.Name, nil
+		return Operator{}, ErrForbidden
 	}
-	return "operator", nil
+	return Operator{Name: cmp.Or(a.Name, "operator")}, nil
 }
 
 // JWTAuth accepts the bearer JWTs the services accept (AUTH_*, verified by
@@ -59,20 +69,20 @@ type JWTAuth struct {
 
 // Operator implements Authorizer. A token that does not verify (expired,
 // forged, not a JWT) is no sign-in, a customer's is refused.
-func (a JWTAuth) Operator(ctx context.Context, token string) (string, error) {
+func (a JWTAuth) Operator(ctx context.Context, token string) (Operator, error) {
 	if token == "" {
-		return "", ErrUnauthenticated
+		return Operator{}, ErrUnauthenticated
 	}
 	id, err := a.Verifier.Verify(ctx, token)
 	switch {
 	case errors.Is(err, auth.ErrInvalidToken):
-		return "", ErrUnauthenticated
+		return Operator{}, ErrUnauthenticated
 	case err != nil:
-		return "", err
+		return Operator{}, err
 	case !id.Admin:
-		return "", ErrForbidden
+		return Operator{}, ErrForbidden
 	}
-	return id.Subject, nil
+	return Operator{Name: id.Subject, Expires: id.Expires}, nil
 }
 
 // AnyOf accepts the credentials that one of its Authorizers accepts, trying
@@ -82,20 +92,44 @@ func (a JWTAuth) Operator(ctx context.Context, token string) (string, error) {
 type AnyOf []Authorizer
 
 // Operator implements Authorizer.
-func (as AnyOf) Operator(ctx context.Context, token string) (string, error) {
+func (as AnyOf) Operator(ctx context.Context, token string) (Operator, error) {
 	refusal := ErrUnauthenticated
 	for _, a := range as {
-		who, err := a.Operator(ctx, token)
+		op, err := a.Operator(ctx, token)
 		switch {
 		case err == nil:
-			return who, nil
+			return op, nil
 		case errors.Is(err, ErrForbidden):
 			refusal = ErrForbidden
 		case !errors.Is(err, ErrUnauthenticated):
-			return "", err
+			return Operator{}, err
 		}
 	}
-	return "", refusal
+	return Operator{}, refusal
+}
+
+// operatorOf is the operator r's credentials name.
+func (s *Server) operatorOf(r *http.Request) (Operator, error) {
+	if s.cfg.Auth == nil {
+		return Operator{}, ErrForbidden
+	}
+	return s.cfg.Auth.Operator(r.Context(), requestToken(r))
+}
+
+// sessionCookie is the cookie that keeps op's token in their browser: for
+// this site's own requests only (SameSite=Strict), out of scripts' reach
+// (HttpOnly), over TLS only when the console is served over TLS, and
+// expiring with the token, or after the session limit if sooner.
+func (s *Server) sessionCookie(r *http.Request, token string, op Operator, now time.Time) *http.Cookie {
+	expires := now.Add(s.cfg.SessionTTL)
+	if !op.Expires.IsZero() && op.Expires.Before(expires) {
+		expires = op.Expires
+	}
+	return &http.Cookie{
+		Name: tokenCookie, Value: token, Path: "/",
+		Expires: expires, MaxAge: max(1, int(expires.Sub(now).Seconds())),
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil || s.cfg.SecureCookie,
+	}
 }
 
 // requestToken is the bearer token of r's Authorization header, else the

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -17,7 +18,7 @@ func TestTokenAuth(t *testing.T) {
 	a := TokenAuth{Token: "s3cret", Name: "ops"}
 	who, err := a.Operator(t.Context(), "s3cret")
 	require.NoError(t, err)
-	require.Equal(t, "ops", who)
+	require.Equal(t, Operator{Name: "ops"}, who)
 	_, err = a.Operator(t.Context(), "")
 	require.ErrorIs(t, err, ErrUnauthenticated)
 	_, err = a.Operator(t.Context(), "s3cre")
@@ -38,7 +39,8 @@ func TestJWTAuth(t *testing.T) {
 	require.NoError(t, err)
 	who, err := a.Operator(t.Context(), admin)
 	require.NoError(t, err)
-	require.Equal(t, "ops", who)
+	require.Equal(t, "ops", who.Name)
+	require.True(t, who.Expires.After(time.Now()), "the token's expiry")
 
 	alice, err := issuer.Token(auth.TokenRequest{Subject: "alice"})
 	require.NoError(t, err)
@@ -53,10 +55,10 @@ func TestJWTAuth(t *testing.T) {
 	both := AnyOf{TokenAuth{Token: "s3cret", Name: "shared"}, a}
 	who, err = both.Operator(t.Context(), "s3cret")
 	require.NoError(t, err)
-	require.Equal(t, "shared", who)
+	require.Equal(t, "shared", who.Name)
 	who, err = both.Operator(t.Context(), admin)
 	require.NoError(t, err)
-	require.Equal(t, "ops", who)
+	require.Equal(t, "ops", who.Name)
 	_, err = both.Operator(t.Context(), alice)
 	require.ErrorIs(t, err, ErrForbidden)
 	_, err = both.Operator(t.Context(), "")

@@ -37,6 +37,19 @@ type Config struct {
 	AuthHint string
 	// Live is how often live views poll; default 1s.
 	Live time.Duration
+	// Hosts are the Host headers the console answers ("name" for any
+	// port, or "name:port"); default its listening address and, on a
+	// loopback or unspecified address, localhost, 127.0.0.1 and [::1] with
+	// its port. Others are refused: a DNS-rebinding page would otherwise
+	// be "same origin".
+	Hosts []string
+	// SessionTTL bounds a sign-in: the cookie expires then, or with the
+	// token if sooner; default 12h.
+	SessionTTL time.Duration
+	// SecureCookie marks the sign-in cookie Secure although the console
+	// does not serve TLS itself (behind a TLS-terminating proxy); it is
+	// marked Secure on a request that came over TLS in any case.
+	SecureCookie bool
 }
 
 // Server serves the console. Close it when done.
@@ -57,6 +70,7 @@ var services = []string{"order", "payment", "inventory", "notify"}
 // New connects to the databases and NATS of cfg.
 func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Server, err error) {
 	cfg.Live = cmp.Or(cfg.Live, time.Second)
+	cfg.SessionTTL = cmp.Or(cfg.SessionTTL, 12*time.Hour)
 	s := &Server{cfg: cfg, logger: logger, pools: map[string]*pgxpool.Pool{}, topology: streams.Saga(streams.Config{})}
 	defer func() {
 		if err != nil {
@@ -98,33 +112,42 @@ func (s *Server) Close() {
 	}
 }
 
-// Handler is the console's HTTP handler.
-func (s *Server) Handler() http.Handler {
+// Handler is the console's HTTP handler, answering the Host headers
+// hosts (Config.Hosts, when set, instead). Every page but /healthz and the
+// sign-in needs an operator.
+func (s *Server) Handler(hosts ...string) http.Handler {
+	if len(s.cfg.Hosts) > 0 {
+		hosts = s.cfg.Hosts
+	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.errorPage
-	e.GET("/", func(c echo.Context) error { return c.Redirect(http.StatusSeeOther, "/orders") })
+	e.Use(s.guard(hosts))
 	e.GET("/healthz", func(c echo.Context) error { return c.String(http.StatusOK, "ok") })
-	e.GET("/orders", s.ordersPage)
-	e.GET("/orders/rows", s.ordersRows)
-	e.GET("/orders/:id", s.orderPage)
-	e.GET("/orders/:id/saga", s.orderSaga)
-	e.GET("/pipeline", s.pipelinePage)
-	e.GET("/pipeline/rows", s.pipelineRows)
-	e.GET("/dlq", s.dlqPage)
-	e.GET("/dlq/:id", s.dlqEntryPage)
-	e.POST("/dlq/:id/replay", s.operator(s.dlqReplay))
-	e.POST("/dlq/:id/discard", s.operator(s.dlqDiscard))
-	e.GET("/audit", s.auditPage)
 	e.GET("/login", s.loginPage)
 	e.POST("/login", s.login)
 	e.POST("/logout", s.logout)
+
+	op := s.signedIn
+	e.GET("/", func(c echo.Context) error { return c.Redirect(http.StatusSeeOther, "/orders") }, op)
+	e.GET("/orders", s.ordersPage, op)
+	e.GET("/orders/rows", s.ordersRows, op)
+	e.GET("/orders/:id", s.orderPage, op)
+	e.GET("/orders/:id/saga", s.orderSaga, op)
+	e.GET("/pipeline", s.pipelinePage, op)
+	e.GET("/pipeline/rows", s.pipelineRows, op)
+	e.GET("/dlq", s.dlqPage, op)
+	e.GET("/dlq/:id", s.dlqEntryPage, op)
+	e.POST("/dlq/:id/replay", s.dlqReplay, s.operator)
+	e.POST("/dlq/:id/discard", s.dlqDiscard, s.operator)
+	e.GET("/audit", s.auditPage, op)
+	e.POST("/audit", s.auditRun, s.operator)
 	return e
 }
 
 // Serve serves the console on ln until ctx ends.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 2 * time.Minute}
+	srv := &http.Server{Handler: s.Handler(defaultHosts(ln.Addr())...), ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 2 * time.Minute}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
 	select {
@@ -152,6 +175,7 @@ func (s *Server) render(c echo.Context, status int, page string, data map[string
 	}
 	data["Page"] = page
 	data["Live"] = s.cfg.Live.Milliseconds()
+	data["Nonce"] = c.Get(nonceKey)
 	c.Response().Header().Set(echo.HeaderContentType, echo.MIMETextHTMLCharsetUTF8)
 	c.Response().Header().Set("Cache-Control", "no-store")
 	c.Response().WriteHeader(status)
@@ -166,16 +190,17 @@ func (s *Server) renderFragment(c echo.Context, page, name string, data map[stri
 	return s.pages[page].ExecuteTemplate(c.Response(), name, data)
 }
 
-// errorPage renders an error: HTTP errors as they are, others as 500,
-// logged.
+// errorPage renders an error: HTTP errors as they are, others as a bare
+// 500, logged.
 func (s *Server) errorPage(err error, c echo.Context) {
+	// An HTTP error's message is the console's own words; any other error
+	// is logged and the browser learns only that it happened.
 	status, msg := http.StatusInternalServerError, "internal error"
 	var he *echo.HTTPError
 	if errors.As(err, &he) {
 		status, msg = he.Code, fmt.Sprint(he.Message)
 	} else {
 		s.logger.ErrorContext(c.Request().Context(), "console request failed", "path", c.Request().URL.Path, "err", err)
-		msg = err.Error()
 	}
 	if c.Response().Committed {
 		return

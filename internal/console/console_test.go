@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +29,7 @@ import (
 	"github.com/onceflow/onceflow/internal/console"
 	"github.com/onceflow/onceflow/internal/dev"
 	"github.com/onceflow/onceflow/internal/dlq"
+	"github.com/onceflow/onceflow/internal/inbox"
 	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
@@ -214,18 +216,40 @@ func awaitText(t *testing.T, ctx context.Context, sel, want string) {
 	}
 }
 
-// TestConsoleInABrowser places an order and watches its lanes fill in,
-// makes an event fail for good and finds it on the DLQ page, is refused a
-// replay without an operator's token and with a customer's, replays it as
-// an operator, and sees the order finish and the entry marked replayed.
+// TestConsoleInABrowser is shown the sign-in page, and nothing else,
+// without an operator's token and with a customer's; signs in as an
+// operator, places an order and watches its lanes fill in, makes an event
+// fail for good and finds it on the DLQ page, sees a dead letter's markup
+// as text, replays the entry, sees the order finish and the entry marked
+// replayed, and runs the audit.
 func TestConsoleInABrowser(t *testing.T) {
 	t.Parallel()
 	s := start(t)
 	ctx := browser(t)
 
-	// An order's lanes fill in while its saga runs.
+	// A stranger, and a customer with a token the services accept, see
+	// the sign-in page wherever they go, and nothing of the system.
 	id := s.placeOrder(t, "alice", `{"sku":"apple","quantity":3}`) // at the seeded 120
-	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.console+"/orders/"+id)))
+	for _, path := range []string{"/", "/orders", "/orders?q=alice", "/orders/" + id, "/orders/" + id + "/saga", "/pipeline", "/dlq", "/dlq/1", "/audit"} {
+		s.requireSignInPage(t, ctx, path)
+	}
+	alice, err := s.env.Token("alice", false)
+	require.NoError(t, err)
+	require.NoError(t, chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := cdp.Call(ctx, tg, network.SetCookie, network.SetCookieParams{Name: "onceflow_console_token", Value: alice, URL: s.console})
+		return err
+	})))
+	s.requireSignInPage(t, ctx, "/orders/"+id)
+
+	// An operator signs in with an admin token and goes on to the page
+	// they asked for: the order's lanes fill in while its saga runs.
+	admin, err := s.env.Token("ops", true)
+	require.NoError(t, err)
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(s.console+"/orders/"+id),
+		chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), admin),
+		chromedp.Click(chromedp.CSS("#signin"))))
 	awaitText(t, ctx, "#order-status", "CONFIRMED")
 	awaitText(t, ctx, "#saga", "the saga is over")
 	hops, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#saga svg g.hop:not(.pending)").length`))
@@ -251,31 +275,13 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.Contains(t, textOf(t, ctx, "#dlq"), streams.PaymentInventory)
 	screenshot(t, ctx, "console-dlq.png")
 
-	// Nobody signed in: refused.
-	entryURL := fmt.Sprintf("%s/dlq/%d", s.console, entry)
-	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(entryURL), chromedp.Click(chromedp.CSS("#replay"))))
-	awaitText(t, ctx, "#error", "only an operator can do this: sign in first")
-	// A customer's token, which the services accept: refused too.
-	alice, err := s.env.Token("alice", false)
-	require.NoError(t, err)
-	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-			_, err := cdp.Call(ctx, tg, network.SetCookie, network.SetCookieParams{Name: "onceflow_console_token", Value: alice, URL: s.console})
-			return err
-		}),
-		chromedp.Navigate(entryURL), chromedp.Click(chromedp.CSS("#replay"))))
-	awaitText(t, ctx, "#error", "only an operator can do this: not an operator")
-	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(entryURL)))
-	require.Equal(t, "open", textOf(t, ctx, "#entry-status"))
+	// A dead letter's payload and headers are shown as text, never as
+	// markup (stored XSS for whoever opens the page).
+	s.requireShownAsText(t, ctx)
 
-	// An operator signs in with an admin token and replays it: the order
-	// finishes.
-	admin, err := s.env.Token("ops", true)
-	require.NoError(t, err)
+	// The operator replays it: the order finishes.
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Navigate(s.console+"/login?next="+fmt.Sprintf("/dlq/%d", entry)),
-		chromedp.SendKeys(chromedp.CSS("#token"), admin),
-		chromedp.Click(chromedp.CSS("#signin")),
+		chromedp.Navigate(fmt.Sprintf("%s/dlq/%d", s.console, entry)),
 		chromedp.WaitVisible(chromedp.CSS("#replay")),
 		chromedp.Click(chromedp.CSS("#replay"))))
 	awaitText(t, ctx, "#flash", "replayed")
@@ -295,7 +301,11 @@ func TestConsoleInABrowser(t *testing.T) {
 	}, testLogger(t))
 	require.NoError(t, err)
 	require.True(t, report.OK(), "%+v", report.Failed())
+	// The audit runs when the operator posts its form; the page alone
+	// (any other site's <img> could load it) runs nothing.
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.console+"/audit?run=1")))
+	require.Empty(t, textOf(t, ctx, "#checks"))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#run"))))
 	awaitText(t, ctx, "h2", " checks hold")
 	require.True(t, strings.HasPrefix(textOf(t, ctx, "h2"), "All "), textOf(t, ctx, "#checks"))
 }
@@ -342,4 +352,44 @@ func (s *system) poison(t *testing.T) (entry uint64, order string) {
 	s.exec(t, "payment", `INSERT INTO payments SELECT * FROM payments_aside`)
 	s.exec(t, "payment", `DROP TABLE payments_aside`)
 	return entry, order
+}
+
+// requireSignInPage navigates to path and requires the sign-in page
+// instead, which brings the browser back to path, showing nothing else.
+func (s *system) requireSignInPage(t *testing.T, ctx context.Context, path string) {
+	t.Helper()
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.console+path), chromedp.WaitVisible(chromedp.CSS("#signin"))))
+	at, err := chromedp.Run(ctx, chromedp.Location())
+	require.NoError(t, err)
+	require.Equal(t, s.console+"/login?next="+url.QueryEscape(path), at)
+	main := textOf(t, ctx, "main")
+	require.True(t, strings.HasPrefix(main, "Operator"), "%s: %s", path, main)
+	for _, secret := range []string{"alice@example.com", "CONFIRMED", streams.PaymentInventory, "checks hold"} {
+		require.NotContains(t, main, secret, path)
+	}
+}
+
+// requireShownAsText dead-letters an event whose payload, reason and
+// headers are markup and requires its page to show them as text: no
+// element of theirs in the page, no script of theirs run.
+func (s *system) requireShownAsText(t *testing.T, ctx context.Context) {
+	t.Helper()
+	// No double quotes: the payload stays valid JSON, shown as it is.
+	const markup = `<img id='xss-img' src='x' onerror='document.title=/pwned/.source'><b id='xss-b'>bold</b><script>document.title=/pwned/.source</script>`
+	msg := nats.NewMsg(streams.DLQSubjectPrefix + streams.PaymentInventory)
+	msg.Header.Set(inbox.HeaderDLQReason, markup)
+	msg.Header.Set(inbox.HeaderDLQConsumer, streams.PaymentInventory)
+	msg.Header.Set("X-Markup", markup)
+	msg.Data = []byte(`{"order_id":"` + markup + `","note":"</pre>` + markup + `"}`)
+	ack, err := s.js.PublishMsg(t.Context(), msg)
+	require.NoError(t, err)
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(fmt.Sprintf("%s/dlq/%d", s.console, ack.Sequence)), chromedp.WaitVisible(chromedp.CSS("main"))))
+	injected, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#xss-img, #xss-b").length`))
+	require.NoError(t, err)
+	require.Zero(t, injected, "elements of the dead letter's markup in the page")
+	title, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.title`))
+	require.NoError(t, err)
+	require.NotEqual(t, "pwned", title)
+	require.Contains(t, textOf(t, ctx, "pre"), `<b id='xss-b'>bold</b>`, "the payload shown as text")
+	require.Contains(t, textOf(t, ctx, "#reason"), `<b id='xss-b'>bold</b>`, "the reason shown as text")
 }

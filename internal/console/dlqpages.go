@@ -74,8 +74,10 @@ func (s *Server) operator(next echo.HandlerFunc) echo.HandlerFunc {
 		switch {
 		case errors.Is(err, ErrUnauthenticated):
 			return echo.NewHTTPError(http.StatusUnauthorized, "only an operator can do this: sign in first")
+		case errors.Is(err, ErrForbidden):
+			return echo.NewHTTPError(http.StatusForbidden, "only an operator can do this: not an operator")
 		case err != nil:
-			return echo.NewHTTPError(http.StatusForbidden, "only an operator can do this: "+err.Error())
+			return err // logged, not shown
 		}
 		c.Set("operator", who)
 		return next(c)
@@ -84,10 +86,8 @@ func (s *Server) operator(next echo.HandlerFunc) echo.HandlerFunc {
 
 // who is the operator the request's credentials name.
 func (s *Server) who(c echo.Context) (string, error) {
-	if s.cfg.Auth == nil {
-		return "", ErrForbidden
-	}
-	return s.cfg.Auth.Operator(c.Request().Context(), requestToken(c.Request()))
+	op, err := s.operatorOf(c.Request())
+	return op.Name, err
 }
 
 func (s *Server) dlqReplay(c echo.Context) error {

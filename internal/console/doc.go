@@ -14,7 +14,17 @@
 //     open DLQ entries, refreshed live;
 //   - /dlq: the DLQ as `onceflow dlq` lists and shows it, with replay and
 //     discard, which only an operator can use (see Authorizer);
-//   - /audit: the auditor's checks, run on demand.
+//   - /audit: the auditor's checks, run when an operator posts its form.
+//
+// It shows nothing to a stranger: every page but /healthz and the sign-in
+// needs an operator (see Authorizer), and a browser without one is sent to
+// the sign-in page, which brings it back (to a path of this site only).
+// Every form post must come from the console's own pages (its Origin);
+// requests for a Host the console was not configured for are refused (DNS
+// rebinding); pages may not be framed and run only their own script (a
+// CSP nonce); the sign-in cookie is HttpOnly, SameSite=Strict, expires
+// with its token and is Secure over TLS; errors are logged, the browser
+// sees only that one happened.
 //
 // Live views poll a fragment of their page (no script beyond a few lines
 // inline); every list is a page of bounded size and every live view reads a

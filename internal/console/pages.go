@@ -3,6 +3,7 @@ package console
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html/template"
 	"maps"
@@ -76,53 +77,56 @@ func prettyJSON(data []byte) string {
 	return b.String()
 }
 
-// auditPage shows the auditor's checks when asked to run them: they read
-// every database and stream, so only on demand.
+// auditPage offers to run the auditor's checks: they read every database
+// and stream, so only when an operator posts the form (never on a GET,
+// which any page could make a browser send).
 func (s *Server) auditPage(c echo.Context) error {
-	data := map[string]any{}
-	if c.QueryParam("run") != "" {
-		cfg := s.cfg.Audit
-		cfg.Wait = 0
-		report, err := audit.Run(c.Request().Context(), cfg, s.logger)
-		if err != nil {
-			return err
-		}
-		data["Report"] = report
+	return s.render(c, http.StatusOK, "audit", map[string]any{})
+}
+
+// auditRun runs the auditor's checks and shows them.
+func (s *Server) auditRun(c echo.Context) error {
+	cfg := s.cfg.Audit
+	cfg.Wait = 0
+	report, err := audit.Run(c.Request().Context(), cfg, s.logger)
+	if err != nil {
+		return err
 	}
-	return s.render(c, http.StatusOK, "audit", data)
+	return s.render(c, http.StatusOK, "audit", map[string]any{"Report": report})
 }
 
 func (s *Server) loginPage(c echo.Context) error {
 	who, _ := s.who(c)
-	return s.render(c, http.StatusOK, "login", map[string]any{"Operator": who, "Hint": s.cfg.AuthHint, "Next": c.QueryParam("next")})
+	return s.render(c, http.StatusOK, "login", map[string]any{"Operator": who, "Hint": s.cfg.AuthHint, "Next": localPath(c.QueryParam("next"), "")})
 }
 
 // login keeps the token the operator pasted in a cookie that only this
-// site's own requests carry.
+// site's own requests carry, and sends them on to next, a path on this
+// site.
 func (s *Server) login(c echo.Context) error {
 	if !sameOrigin(c.Request()) {
 		return echo.NewHTTPError(http.StatusForbidden, "a form from another site")
 	}
-	token := strings.TrimSpace(c.FormValue("token"))
 	if s.cfg.Auth == nil {
-		return echo.NewHTTPError(http.StatusForbidden, "this console lets nobody act")
+		return echo.NewHTTPError(http.StatusForbidden, "this console lets nobody sign in")
 	}
-	if _, err := s.cfg.Auth.Operator(c.Request().Context(), token); err != nil {
-		return s.render(c, http.StatusForbidden, "login", map[string]any{"Error": "that token is not an operator's: " + err.Error(), "Hint": s.cfg.AuthHint})
+	token := strings.TrimSpace(c.FormValue("token"))
+	next := localPath(c.FormValue("next"), "/orders")
+	op, err := s.cfg.Auth.Operator(c.Request().Context(), token)
+	switch {
+	case errors.Is(err, ErrUnauthenticated) || errors.Is(err, ErrForbidden):
+		return s.render(c, http.StatusForbidden, "login", map[string]any{"Error": "that token is not an operator's: " + err.Error(), "Hint": s.cfg.AuthHint, "Next": next})
+	case err != nil:
+		return err
 	}
-	c.SetCookie(&http.Cookie{Name: tokenCookie, Value: token, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
-	return c.Redirect(http.StatusSeeOther, cmpOr(c.FormValue("next"), "/dlq"))
+	c.SetCookie(s.sessionCookie(c.Request(), token, op, time.Now()))
+	return c.Redirect(http.StatusSeeOther, next)
 }
 
 func (s *Server) logout(c echo.Context) error {
-	c.SetCookie(&http.Cookie{Name: tokenCookie, Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
-	return c.Redirect(http.StatusSeeOther, "/login")
-}
-
-// cmpOr is cmp.Or for a redirect target: only a path on this site.
-func cmpOr(next, fallback string) string {
-	if strings.HasPrefix(next, "/") && !strings.HasPrefix(next, "//") {
-		return next
+	if !sameOrigin(c.Request()) {
+		return echo.NewHTTPError(http.StatusForbidden, "a form from another site")
 	}
-	return fallback
+	c.SetCookie(&http.Cookie{Name: tokenCookie, Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: c.Request().TLS != nil || s.cfg.SecureCookie})
+	return c.Redirect(http.StatusSeeOther, "/login")
 }
