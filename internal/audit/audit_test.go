@@ -373,7 +373,7 @@ func TestAudit(t *testing.T) {
 		require.NoError(t, err)
 		id := dlqtest.DeadLetterMsg(t, s.js, &nats.Msg{Subject: last.Subject, Header: last.Header, Data: last.Data},
 			streams.Payments, last.Sequence, streams.InventoryPayments, "failed on each of 10 deliveries, the last: commit: connection reset")
-		_, err = dlq.New(s.js, dlq.Config{}).Replay(ctx, id, dlq.ReplayOptions{By: "test"})
+		_, err = dlq.New(s.js, dlq.Config{Topology: streams.Saga(streams.Config{})}).Replay(ctx, id, dlq.ReplayOptions{By: "test"})
 		require.NoError(t, err)
 
 		report := s.audit(t, settle)

@@ -45,7 +45,7 @@ func runDLQ(ctx context.Context, inv invocation, args []string) error {
 
   list     [--consumer C] [--type T] [--reason TEXT] [--order ID] [--since T] [--until T] [--status S] [--after ID] [--limit N] [--json]
   show     ID [--json]
-  replay   ID... | --consumer C --since T   [--past-retention] [--by WHO]
+  replay   ID... | --consumer C --since T   [--past-retention] [--force] [--by WHO]
   discard  ID... --reason TEXT [--by WHO]
 
 Run 'onceflow dlq <subcommand> -h' for its flags.
@@ -72,7 +72,7 @@ func dlqStore(cfg dlqEnv) (*dlq.Store, func(), error) {
 		nc.Close()
 		return nil, nil, fmt.Errorf("dlq: jetstream: %w", err)
 	}
-	return dlq.New(js, dlq.Config{}), nc.Close, nil
+	return dlq.New(js, dlq.Config{Topology: streams.Saga(streams.Config{})}), nc.Close, nil
 }
 
 // filterFlags adds the flags of a dlq.Filter to fs; the returned func reads
@@ -150,14 +150,14 @@ NATS_URL.`)
 // printEntries prints entries as a table.
 func printEntries(w io.Writer, entries []dlq.Entry) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tDEAD-LETTERED\tCONSUMER\tTYPE\tORDER\tSTATUS\tREASON")
+	fmt.Fprintln(tw, "ID\tDEAD-LETTERED\tCONSUMER\tTYPE\tORDER\tSTATUS\tCHECK\tREASON")
 	for _, e := range entries {
 		reason := e.Reason
 		if len(reason) > 80 {
 			reason = reason[:77] + "..."
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, e.DeadLettered.UTC().Format(time.RFC3339),
-			e.Consumer, e.EventType, e.OrderID, e.Status(), reason)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, e.DeadLettered.UTC().Format(time.RFC3339),
+			e.Consumer, e.EventType, e.OrderID, e.Status(), checkOf(e), reason)
 	}
 	_ = tw.Flush()
 }
@@ -198,6 +198,30 @@ and what was done with it.`)
 	return nil
 }
 
+// checkOf is what the check of e found, in a word: "verified" (its
+// original was re-read), "unverified" (replayed only with --force) or
+// "unreplayable".
+func checkOf(e dlq.Entry) string {
+	switch {
+	case e.Unreplayable != "":
+		return "unreplayable"
+	case e.Unverified != "":
+		return "unverified"
+	}
+	return "verified"
+}
+
+// checkDetail says what the check of e found, and why.
+func checkDetail(e dlq.Entry) string {
+	switch {
+	case e.Unreplayable != "":
+		return "unreplayable: " + e.Unreplayable
+	case e.Unverified != "":
+		return "not verifiable: " + e.Unverified + " (a replay needs --force and publishes the entry's own copy)"
+	}
+	return "verified: the original is in the stream, and a replay publishes it"
+}
+
 // printEntry prints one entry in full.
 func printEntry(w io.Writer, e dlq.Entry) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -209,6 +233,7 @@ func printEntry(w io.Writer, e dlq.Entry) {
 		{"reason", e.Reason},
 		{"deliveries", strconv.FormatUint(e.Deliveries, 10)},
 		{"original", fmt.Sprintf("%s sequence %d, subject %s", e.Stream, e.StreamSeq, e.Subject)},
+		{"check", checkDetail(e)},
 		{"event", fmt.Sprintf("%s %s from %s at %s", e.EventType, e.EventID, e.EventSource, e.EventTime.UTC().Format(time.RFC3339Nano))},
 		{"order", e.OrderID},
 	} {
@@ -239,6 +264,9 @@ func printEntry(w io.Writer, e dlq.Entry) {
 		}
 		if a.ReplaySeq != 0 {
 			fmt.Fprintf(w, " (on %s, sequence %d)", a.ReplaySubject, a.ReplaySeq)
+		}
+		if a.Unverified {
+			fmt.Fprint(w, ", forced: the entry's own copy")
 		}
 		fmt.Fprintln(w)
 	}
@@ -289,6 +317,14 @@ other. If the event was processed after all, that consumer's inbox drops it
 as a duplicate. Each replay is recorded with who did it and when; an entry
 already replayed or discarded is not replayed again.
 
+What is published is the original message, re-read from its stream at
+the sequence the entry names, after the inbox's owner check: an entry is
+only what its writer says. An entry whose headers disagree with the DLQ
+subject it was written on (the consumer that wrote it) is refused. An
+entry whose original is gone (aged out of the stream), never existed or
+is another event is refused unless --force, which publishes the entry's
+own copy ('onceflow dlq show' says which entries these are).
+
 A replay is refused when the event is older than the consumer's inbox
 retention (INBOX_RETENTION of its service, recorded on the durable):
 its processed_events row may have been deleted, so a replay of an event
@@ -300,6 +336,7 @@ dead-lettered since then is replayed; the refused ones are listed.`)
 	consumer := fs.String("consumer", "", "replay every open entry of this consumer (with --since)")
 	since := fs.String("since", "", "with --consumer: entries dead-lettered since, RFC 3339 or a duration ago")
 	past := fs.Bool("past-retention", false, "replay even an event older than the consumer's inbox retention: it is applied again if it was processed after all")
+	force := fs.Bool("force", false, "replay even an entry whose original cannot be re-read from its stream: its own copy, only what its writer says, is published")
 	by := fs.String("by", "", "who replays (default ONCEFLOW_OPERATOR, else USER)")
 	positional, err := parseMixed(fs, args, inv.stdout)
 	if err != nil {
@@ -317,7 +354,7 @@ dead-lettered since then is replayed; the refused ones are listed.`)
 	if err != nil {
 		return usageError(fs, err.Error())
 	}
-	opts := dlq.ReplayOptions{By: who, PastRetention: *past}
+	opts := dlq.ReplayOptions{By: who, PastRetention: *past, Force: *force}
 	store, closeNATS, err := dlqStore(cfg)
 	if err != nil {
 		return err

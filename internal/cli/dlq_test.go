@@ -49,7 +49,7 @@ func TestDLQCommands(t *testing.T) {
 	stdout, _, err := run(t, "dlq", "list")
 	require.NoError(t, err)
 	require.Contains(t, stdout, "ID  DEAD-LETTERED")
-	require.Regexp(t, fid+` +\S+ +inventory-payments +onceflow.payment.debited.v1 +`+fresh.Subject+` +open +decode: something broke`, stdout)
+	require.Regexp(t, fid+` +\S+ +inventory-payments +onceflow.payment.debited.v1 +`+fresh.Subject+` +open +verified +decode: something broke`, stdout)
 	stdout, _, err = run(t, "dlq", "list", "--reason", "deliveries", "--json")
 	require.NoError(t, err)
 	var page dlq.Page
@@ -59,7 +59,7 @@ func TestDLQCommands(t *testing.T) {
 
 	stdout, _, err = run(t, "dlq", "show", fid)
 	require.NoError(t, err)
-	for _, want := range []string{"consumer:", "inventory-payments", "deliveries:", "PAYMENTS sequence 1, subject payments.debited.v1", "ce-id: " + fresh.ID.String(), `"amount_cents": 120`} {
+	for _, want := range []string{"consumer:", "inventory-payments", "deliveries:", "PAYMENTS sequence 1, subject payments.debited.v1", "check:", "verified: the original is in the stream", "ce-id: " + fresh.ID.String(), `"amount_cents": 120`} {
 		require.Contains(t, stdout, want)
 	}
 
@@ -83,13 +83,33 @@ func TestDLQCommands(t *testing.T) {
 	require.Contains(t, stdout, "replayed by carol at ")
 
 	// The replays are on the durable's replay subject, the inventory
-	// consumer's to fetch; order-payments sees neither.
+	// consumer's to fetch; order-payments sees neither, only the originals.
 	cons, err := js.Consumer(ctx, streams.Payments, streams.OrderPayments)
 	require.NoError(t, err)
-	require.Zero(t, cons.CachedInfo().NumPending)
+	require.Equal(t, uint64(2), cons.CachedInfo().NumPending)
 	cons, err = js.Consumer(ctx, streams.Payments, streams.InventoryPayments)
 	require.NoError(t, err)
-	require.Equal(t, uint64(2), cons.CachedInfo().NumPending)
+	require.Equal(t, uint64(4), cons.CachedInfo().NumPending)
+
+	// An entry whose original the stream never held: shown as unverified,
+	// replayed only with --force.
+	msg, err := debited(t, time.Now()).Msg()
+	require.NoError(t, err)
+	gone := strconv.FormatUint(dlqtest.DeadLetterMsg(t, js, msg, streams.Payments, 99, streams.InventoryPayments, "bad"), 10)
+	stdout, _, err = run(t, "dlq", "list", "--status", "open")
+	require.NoError(t, err)
+	require.Regexp(t, gone+` .* open +unverified +bad`, stdout)
+	stdout, _, err = run(t, "dlq", "show", gone)
+	require.NoError(t, err)
+	require.Contains(t, stdout, "not verifiable: PAYMENTS sequence 99 was never stored")
+	stdout, _, err = run(t, "dlq", "replay", gone)
+	require.Error(t, err)
+	require.Contains(t, stdout, "not verifiable")
+	stdout, _, err = run(t, "dlq", "replay", gone, "--force")
+	require.NoError(t, err, stdout)
+	stdout, _, err = run(t, "dlq", "show", gone)
+	require.NoError(t, err)
+	require.Contains(t, stdout, "forced: the entry's own copy")
 
 	third := dlqtest.DeadLetter(t, js, debited(t, time.Now()), streams.Payments, streams.InventoryPayments, "bad")
 	_, _, err = run(t, "dlq", "discard", strconv.FormatUint(third, 10))

@@ -95,7 +95,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Server, err e
 	if s.js, err = jetstream.New(s.nc); err != nil {
 		return nil, fmt.Errorf("console: jetstream: %w", err)
 	}
-	s.dlq = dlq.New(s.js, dlq.Config{})
+	s.dlq = dlq.New(s.js, dlq.Config{Topology: s.topology})
 	if s.pages, err = parsePages(); err != nil {
 		return nil, err
 	}

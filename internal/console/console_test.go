@@ -337,7 +337,7 @@ func (s *system) poison(t *testing.T) (entry uint64, order string) {
 	s.exec(t, "payment", `DELETE FROM payments WHERE order_id = $1`, order)
 	require.NoError(t, lock.Rollback(ctx))
 
-	store := dlq.New(s.js, dlq.Config{})
+	store := dlq.New(s.js, dlq.Config{Topology: streams.Saga(streams.Config{})})
 	require.Eventually(t, func() bool {
 		page, err := store.List(ctx, dlq.Filter{Consumer: streams.PaymentInventory})
 		require.NoError(t, err)

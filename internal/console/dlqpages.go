@@ -96,7 +96,7 @@ func (s *Server) dlqReplay(c echo.Context) error {
 		return echo.NewHTTPError(http.StatusNotFound, "no such DLQ entry")
 	}
 	_, err = s.dlq.Replay(c.Request().Context(), id, dlq.ReplayOptions{
-		By: c.Get("operator").(string), PastRetention: c.FormValue("past_retention") == "on",
+		By: c.Get("operator").(string), PastRetention: c.FormValue("past_retention") == "on", Force: c.FormValue("force") == "on",
 	})
 	return s.afterAction(c, id, "replayed", err)
 }

@@ -24,52 +24,47 @@ type ReplayOptions struct {
 	// deleted: if the event was processed after all, the consumer applies
 	// it a second time. For an operator who knows it was not.
 	PastRetention bool
+	// Force replays an unverified entry (Entry.Unverified): its original
+	// cannot be re-read, so the entry's own copy is published, which is
+	// only what the entry's writer says the event was. For an operator who
+	// has checked it. An unreplayable entry is refused all the same.
+	Force bool
 }
 
 // Replay publishes entry id's event again to the consumer that gave up on
-// it, with the same event id and type, and records the replay. It refuses
-// (a *RefusedError) an entry already replayed or discarded, one that holds
-// no valid event, and one older than the consumer's inbox retention unless
-// opts.PastRetention.
+// it, with the same event id and type, and records the replay. What it
+// publishes is the original, re-read from its stream, after the inbox's
+// owner check; never a header of the entry's nor an override the operator
+// did not give. It refuses (a *RefusedError) an entry already replayed or
+// discarded, an unreplayable one, an unverified one unless opts.Force, and
+// one older than the consumer's inbox retention unless opts.PastRetention.
 func (s *Store) Replay(ctx context.Context, id uint64, opts ReplayOptions) (Action, error) {
 	if opts.By == "" {
 		return Action{}, errors.New("replay: who replays is required")
 	}
-	e, err := s.Get(ctx, id)
+	e, err := s.entry(ctx, id)
 	if err != nil {
 		return Action{}, err
 	}
 	if err := refuseClosed(e); err != nil {
 		return Action{}, err
 	}
-	ev, err := event.FromMsg(e.Headers, e.Data)
-	if err != nil {
-		return Action{}, &RefusedError{Entry: id, Reason: fmt.Sprintf("it holds no event that can be processed (%v); the consumer would dead-letter it again", err)}
-	}
-	if e.Stream == "" || e.Subject == "" || e.Consumer == "" {
-		return Action{}, &RefusedError{Entry: id, Reason: "it does not say where it came from (stream, subject, consumer)"}
-	}
-	retention, err := s.retention(ctx, e.Stream, e.Consumer)
+	msg, err := s.replayed(ctx, &e, opts)
 	if err != nil {
 		return Action{}, err
 	}
-	// As the inbox reckons it: from the earlier of the event's time and the
-	// time in its id.
-	born := ev.Time
-	if minted := ev.Minted(); minted.Before(born) {
-		born = minted
+	ev, err := event.FromMsg(msg.Header, msg.Data)
+	if err != nil {
+		return Action{}, &RefusedError{Entry: id, Reason: err.Error()}
 	}
-	if age := s.cfg.Now().Sub(born); age > retention && !opts.PastRetention {
-		return Action{}, &RefusedError{Entry: id, Reason: fmt.Sprintf(
-			"event %s is %s old, beyond %s's inbox retention of %s: its processed_events row may be deleted, so if it was processed after all a replay would apply it twice (replaying past the retention is an explicit override)",
-			ev.ID, age.Round(time.Second), e.Consumer, retention)}
+	if err := s.refusePastRetention(ctx, e, ev, opts); err != nil {
+		return Action{}, err
 	}
-
 	h := nats.Header{}
-	for k, v := range e.Headers {
-		// The DLQ's own headers and the original's Nats-* instructions stay
-		// behind.
-		if !strings.HasPrefix(k, "Onceflow-Dlq-") && !strings.HasPrefix(k, "Nats-") {
+	for k, v := range msg.Header {
+		// The DLQ's own headers, an earlier replay's and the original's
+		// Nats-* instructions stay behind.
+		if !strings.HasPrefix(k, "Onceflow-Dlq-") && !strings.HasPrefix(k, "Onceflow-Replay-") && !strings.HasPrefix(k, "Nats-") {
 			h[k] = v
 		}
 	}
@@ -82,16 +77,59 @@ func (s *Store) Replay(ctx context.Context, id uint64, opts ReplayOptions) (Acti
 	// dropped as the original within the duplicate window; replaying one
 	// entry twice (a retried command) is dropped.
 	h.Set(jetstream.MsgIDHeader, fmt.Sprintf("replay:%s:%d:%s", e.Consumer, id, ev.ID))
-	subject := streams.ReplaySubject(e.Subject, e.Consumer)
-	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: e.Data}, jetstream.WithExpectStream(e.Stream))
+	subject := streams.ReplaySubject(msg.Subject, e.Consumer)
+	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: msg.Data}, jetstream.WithExpectStream(e.Stream))
 	if err != nil {
 		return Action{}, fmt.Errorf("replay entry %d on %s: %w", id, subject, err)
 	}
 	a := Action{
 		Kind: Replayed, Entry: id, Consumer: e.Consumer, EventID: ev.ID.String(), By: opts.By,
-		PastRetention: opts.PastRetention, ReplaySubject: subject, ReplaySeq: ack.Sequence,
+		PastRetention: opts.PastRetention, Unverified: e.Unverified != "", ReplaySubject: subject, ReplaySeq: ack.Sequence,
 	}
 	return s.record(ctx, a)
+}
+
+// replayed is the message a replay of e publishes: its original, re-read,
+// or, forced, e's own copy when the original cannot be re-read.
+func (s *Store) replayed(ctx context.Context, e *Entry, opts ReplayOptions) (*nats.Msg, error) {
+	v := s.verifier()
+	orig, err := v.check(ctx, e)
+	switch {
+	case err != nil:
+		return nil, err
+	case e.Unreplayable != "":
+		return nil, &RefusedError{Entry: e.ID, Reason: "unreplayable: " + e.Unreplayable}
+	case orig != nil:
+		return &nats.Msg{Subject: orig.Subject, Header: orig.Header, Data: orig.Data}, nil
+	case !opts.Force:
+		return nil, &RefusedError{Entry: e.ID, Reason: "not verifiable: " + e.Unverified +
+			"; replaying the entry's own copy, which is only what its writer says, is an explicit override (force)"}
+	}
+	if _, err := v.ownCopy(*e); err != nil {
+		return nil, &RefusedError{Entry: e.ID, Reason: "unreplayable: " + err.Error()}
+	}
+	return &nats.Msg{Subject: e.Subject, Header: e.Headers, Data: e.Data}, nil
+}
+
+// refusePastRetention refuses a replay of ev, unless opts.PastRetention,
+// when ev is older than e's consumer's inbox retention.
+func (s *Store) refusePastRetention(ctx context.Context, e Entry, ev event.Envelope, opts ReplayOptions) error {
+	retention, err := s.retention(ctx, e.Stream, e.Consumer)
+	if err != nil {
+		return err
+	}
+	// As the inbox reckons it: from the earlier of the event's time and the
+	// time in its id.
+	born := ev.Time
+	if minted := ev.Minted(); minted.Before(born) {
+		born = minted
+	}
+	if age := s.cfg.Now().Sub(born); age > retention && !opts.PastRetention {
+		return &RefusedError{Entry: e.ID, Reason: fmt.Sprintf(
+			"event %s is %s old, beyond %s's inbox retention of %s: its processed_events row may be deleted, so if it was processed after all a replay would apply it twice (replaying past the retention is an explicit override)",
+			ev.ID, age.Round(time.Second), e.Consumer, retention)}
+	}
+	return nil
 }
 
 // Discard records that entry id is not to be replayed, and why.

@@ -64,6 +64,9 @@ type Action struct {
 	Reason   string    `json:"reason,omitempty"`
 	// PastRetention marks a replay forced past the inbox retention.
 	PastRetention bool `json:"past_retention,omitempty"`
+	// Unverified marks a replay forced of the entry's own copy, its
+	// original not re-read (Entry.Unverified says why).
+	Unverified bool `json:"unverified,omitempty"`
 	// ReplaySubject and ReplaySeq say where the replay was stored.
 	ReplaySubject string `json:"replay_subject,omitempty"`
 	ReplaySeq     uint64 `json:"replay_seq,omitempty"`
@@ -73,9 +76,11 @@ type Action struct {
 type Entry struct {
 	ID           uint64    `json:"id"` // its sequence in the DLQ stream
 	DeadLettered time.Time `json:"dead_lettered"`
-	Consumer     string    `json:"consumer"` // the durable that gave up
-	Reason       string    `json:"reason"`
-	Deliveries   uint64    `json:"deliveries"`
+	// Consumer is the durable that gave up: the one whose DLQ subject the
+	// entry was written on, whatever its headers say.
+	Consumer   string `json:"consumer"`
+	Reason     string `json:"reason"`
+	Deliveries uint64 `json:"deliveries"`
 	// Stream, StreamSeq and Subject are where the original is stored.
 	Stream    string `json:"stream"`
 	StreamSeq uint64 `json:"stream_seq"`
@@ -90,7 +95,20 @@ type Entry struct {
 	// Data is the body; only Get reads it.
 	Data    json.RawMessage `json:"data,omitempty"`
 	Actions []Action        `json:"actions,omitempty"`
+	// Unreplayable says why the entry cannot be replayed at all: its
+	// headers disagree with the DLQ subject it was written on or with the
+	// topology, or its original would fail the inbox's owner check.
+	Unreplayable string `json:"unreplayable,omitempty"`
+	// Unverified says why the entry's event could not be checked against
+	// its original: the stream no longer (or never) held it at the
+	// sequence named, or holds another event there. Such an entry is
+	// replayed only when forced, from its own copy.
+	Unverified string `json:"unverified,omitempty"`
 }
+
+// Verified reports whether e can be replayed as it is: its original was
+// re-read from its stream and is e's event.
+func (e Entry) Verified() bool { return e.Unreplayable == "" && e.Unverified == "" }
 
 // Status is the entry's last action's kind, or Open.
 func (e Entry) Status() Status {
@@ -113,7 +131,7 @@ func entryOf(seq uint64, at time.Time, subject string, h nats.Header) Entry {
 	e := Entry{
 		ID:           seq,
 		DeadLettered: at,
-		Consumer:     cmp.Or(h.Get(inbox.HeaderDLQConsumer), strings.TrimPrefix(subject, streams.DLQSubjectPrefix)),
+		Consumer:     strings.TrimPrefix(subject, streams.DLQSubjectPrefix),
 		Reason:       h.Get(inbox.HeaderDLQReason),
 		Stream:       h.Get(inbox.HeaderDLQStream),
 		Subject:      h.Get(inbox.HeaderDLQSubject),
@@ -131,6 +149,9 @@ func entryOf(seq uint64, at time.Time, subject string, h nats.Header) Entry {
 
 // Config configures a Store.
 type Config struct {
+	// Topology is where entries are checked: the durable of each, its
+	// stream and the owners of its events.
+	Topology streams.Topology
 	// DefaultRetention is the inbox retention of a consumer whose metadata
 	// does not say; default inbox.DefaultRetention.
 	DefaultRetention time.Duration
@@ -153,8 +174,19 @@ func New(js jetstream.JetStream, cfg Config) *Store {
 	return &Store{js: js, cfg: cfg}
 }
 
-// Get returns entry id with its body and actions.
+// Get returns entry id with its body and actions, checked against the
+// topology and its original (Entry.Unreplayable, Entry.Unverified).
 func (s *Store) Get(ctx context.Context, id uint64) (Entry, error) {
+	e, err := s.entry(ctx, id)
+	if err != nil {
+		return Entry{}, err
+	}
+	_, err = s.verifier().check(ctx, &e)
+	return e, err
+}
+
+// entry returns entry id with its body and actions, unchecked.
+func (s *Store) entry(ctx context.Context, id uint64) (Entry, error) {
 	st, err := s.js.Stream(ctx, streams.DLQ)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return Entry{}, fmt.Errorf("entry %d: %w", id, ErrNotFound)

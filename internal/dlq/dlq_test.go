@@ -36,9 +36,10 @@ const (
 // orders.placed.v1, one of which fails the events poisoned while poisoned
 // is on.
 type env struct {
-	db    *testenv.Database
-	js    jetstream.JetStream
-	store *dlq.Store
+	db       *testenv.Database
+	js       jetstream.JetStream
+	topology streams.Topology
+	store    *dlq.Store
 
 	mu       sync.Mutex
 	poison   map[uuid.UUID]bool
@@ -58,16 +59,17 @@ func setup(t *testing.T) *env {
 	// keeps it to one per event).
 	_, err := e.db.Pool.Exec(ctx, `CREATE TABLE effects (consumer text NOT NULL, event_id uuid NOT NULL)`)
 	require.NoError(t, err)
-	err = streams.Provision(ctx, e.js, streams.Topology{
+	topology := streams.Topology{
 		Config:  streams.Config{Storage: jetstream.MemoryStorage, InboxRetention: retention},
-		Streams: []streams.Stream{{Name: streams.Orders, Subjects: []string{"orders.>"}}},
+		Streams: []streams.Stream{{Name: streams.Orders, Subjects: []string{"orders.>"}, Owner: "order"}},
 		Consumers: []streams.Consumer{
 			{Stream: streams.Orders, Durable: gaveUp, FilterSubjects: []string{"orders.placed.v1"}},
 			{Stream: streams.Orders, Durable: bystander, FilterSubjects: []string{"orders.placed.v1"}},
 		},
-	})
-	require.NoError(t, err)
-	e.store = dlq.New(e.js, dlq.Config{})
+	}
+	require.NoError(t, streams.Provision(ctx, e.js, topology))
+	e.topology = topology
+	e.store = dlq.New(e.js, dlq.Config{Topology: topology})
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	for _, durable := range []string{gaveUp, bystander} {
 		c := inbox.New(e.db.Pool, e.js, inbox.Config{Stream: streams.Orders, Durable: durable, NakDelay: 50 * time.Millisecond, Retention: retention},
@@ -229,7 +231,7 @@ func TestReplayPastTheRetentionIsRefused(t *testing.T) {
 	ev := e.publish(t, true)
 	entry := e.awaitEntry(t, ev)
 
-	later := dlq.New(e.js, dlq.Config{Now: func() time.Time { return time.Now().Add(retention + time.Minute) }})
+	later := dlq.New(e.js, dlq.Config{Topology: e.topology, Now: func() time.Time { return time.Now().Add(retention + time.Minute) }})
 	_, err := later.Replay(ctx, entry.ID, dlq.ReplayOptions{By: "ops"})
 	var refused *dlq.RefusedError
 	require.ErrorAs(t, err, &refused)

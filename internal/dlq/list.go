@@ -56,7 +56,8 @@ type Page struct {
 	Next    uint64  `json:"next,omitempty"`
 }
 
-// List returns the entries f selects, headers only, with their actions.
+// List returns the entries f selects, headers only, with their actions,
+// each checked as Get checks it.
 func (s *Store) List(ctx context.Context, f Filter) (Page, error) {
 	f.Limit = cmp.Or(f.Limit, defaultLimit)
 	st, err := s.js.Stream(ctx, streams.DLQ)
@@ -78,6 +79,8 @@ func (s *Store) List(ctx context.Context, f Filter) (Page, error) {
 		cfg.DeliverPolicy, cfg.OptStartSeq, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, 0, &f.Since
 	}
 	var page Page
+	v := s.verifier()
+	var checkErr error
 	err = streamscan.Scan(ctx, st, cfg, func(m streamscan.Message) bool {
 		e := entryOf(m.Seq, m.At, m.Subject, m.Header)
 		e.Actions = actions[m.Seq]
@@ -88,10 +91,13 @@ func (s *Store) List(ctx context.Context, f Filter) (Page, error) {
 			page.Next = page.Entries[len(page.Entries)-1].ID
 			return false
 		}
+		if _, checkErr = v.check(ctx, &e); checkErr != nil {
+			return false
+		}
 		page.Entries = append(page.Entries, e)
 		return true
 	})
-	if err != nil {
+	if err = errors.Join(err, checkErr); err != nil {
 		return Page{}, fmt.Errorf("list the DLQ: %w", err)
 	}
 	return page, nil

@@ -19,19 +19,20 @@ func (c *Consumer) fromOwner(ctx context.Context, d *delivery) (ok bool) {
 	if c.cfg.Topology == nil {
 		return true
 	}
-	if err := checkOwner(*c.cfg.Topology, c.cfg.Durable, d.msg.Subject(), d.ev); err != nil {
+	if err := CheckOwner(*c.cfg.Topology, c.cfg.Durable, d.msg.Subject(), d.ev); err != nil {
 		c.deadLetter(ctx, d, err.Error())
 		return false
 	}
 	return true
 }
 
-// checkOwner returns why ev, delivered on subject to durable, does not
+// CheckOwner returns why ev, delivered on subject to durable, does not
 // belong there, or nil: the subject must be one the durable filters in t
 // (its events' subjects and their replay subjects), the subject (or the
 // replayed subject) of ev's type, and ev's ce-source the owner of the
-// stream that holds it.
-func checkOwner(t streams.Topology, durable, subject string, ev event.Envelope) error {
+// stream that holds it. A replay from the DLQ (package dlq) makes the same
+// check before it publishes.
+func CheckOwner(t streams.Topology, durable, subject string, ev event.Envelope) error {
 	cons, ok := t.Consumer(durable)
 	if !ok {
 		return fmt.Errorf("owner check: durable %s is not in the topology", durable)
