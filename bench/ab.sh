@@ -14,6 +14,10 @@
 # ROUNDS     pairs of runs (default 2)
 # DEVFLAGS   extra flags of `onceflow dev`, e.g. --durable
 set -euo pipefail
+# onceflow dev's issuer gives loadgen an operator's token (to seed) for
+# this secret; both read it from the environment.
+ISSUER_OPERATOR_SECRET=${ISSUER_OPERATOR_SECRET:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
+export ISSUER_OPERATOR_SECRET
 [ $# -eq 2 ] || { echo "usage: $0 OLD-BINARY NEW-BINARY" >&2; exit 2; }
 rate=${RATE:-0}
 duration=${DURATION:-40s}

@@ -22,6 +22,10 @@
 # fixed-rate run, bench/hops breaks its latency down by hop of the saga,
 # from the services' databases.
 set -euo pipefail
+# onceflow dev's issuer gives loadgen an operator's token (to seed) for
+# this secret; both read it from the environment.
+ISSUER_OPERATOR_SECRET=${ISSUER_OPERATOR_SECRET:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
+export ISSUER_OPERATOR_SECRET
 cd "$(dirname "$0")/.."
 
 syncs=${SYNC:-interval durable}

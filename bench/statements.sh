@@ -18,6 +18,10 @@
 # PostgreSQL refuses to run as root: as root, the cluster runs as the
 # postgres user. The cluster keeps PostgreSQL's defaults (fsync on).
 set -euo pipefail
+# onceflow dev's issuer gives loadgen an operator's token (to seed) for
+# this secret; both read it from the environment.
+ISSUER_OPERATOR_SECRET=${ISSUER_OPERATOR_SECRET:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
+export ISSUER_OPERATOR_SECRET
 cd "$(dirname "$0")/.."
 
 rate=${RATE:-300/s}

@@ -6,6 +6,7 @@ import (
 	"crypto/rsa"
 	"encoding/json"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -236,28 +237,105 @@ func TestMiddleware(t *testing.T) {
 
 func TestIssuerTokenEndpoint(t *testing.T) {
 	t.Parallel()
-	_, v, srv := setup(t)
+	iss, v, srv := setup(t)
+	post := func(form url.Values, kv ...string) (*http.Response, auth.TokenResponse) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+auth.TokenPath, strings.NewReader(form.Encode()))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		for i := 0; i+1 < len(kv); i += 2 {
+			if kv[i] == "Host" {
+				req.Host = kv[i+1]
+				continue
+			}
+			req.Header.Set(kv[i], kv[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var tr auth.TokenResponse
+		if resp.StatusCode == http.StatusOK {
+			require.NoError(t, decode(resp, &tr))
+		}
+		return resp, tr
+	}
 
-	resp, err := http.PostForm(srv.URL+auth.TokenPath, url.Values{"sub": {"bob"}, "role": {"admin"}, "email": {"bob@example.com"}})
-	require.NoError(t, err)
-	defer resp.Body.Close()
+	// A customer's token, for anyone who asks.
+	resp, tr := post(url.Values{"sub": {"bob"}, "email": {"bob@example.com"}})
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	var tr auth.TokenResponse
-	require.NoError(t, decode(resp, &tr))
 	assert.Equal(t, "Bearer", tr.TokenType)
 	assert.Equal(t, int64(3600), tr.ExpiresIn)
 	id, err := v.Verify(t.Context(), tr.AccessToken)
 	require.NoError(t, err)
-	assert.Equal(t, auth.Identity{Subject: "bob", Email: "bob@example.com", Admin: true, Expires: id.Expires}, id)
+	assert.Equal(t, auth.Identity{Subject: "bob", Email: "bob@example.com", Expires: id.Expires}, id)
+
+	// An admin's, only for the holder of the operator secret.
+	admin := url.Values{"sub": {"ops"}, "role": {"admin"}}
+	require.NotEmpty(t, iss.OperatorSecret())
+	for name, kv := range map[string][]string{
+		"no secret":          nil,
+		"a wrong secret":     {"Authorization", "Bearer " + iss.OperatorSecret() + "x"},
+		"another scheme":     {"Authorization", "Basic " + iss.OperatorSecret()},
+		"a customer's token": {"Authorization", "Bearer " + tr.AccessToken},
+	} {
+		resp, _ := post(admin, kv...)
+		require.Equal(t, http.StatusUnauthorized, resp.StatusCode, name)
+	}
+	resp, tr = post(admin, "Authorization", "Bearer "+iss.OperatorSecret())
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	id, err = v.Verify(t.Context(), tr.AccessToken)
+	require.NoError(t, err)
+	assert.True(t, id.Admin)
+
+	// Only for its own host names: a page whose name resolves to the
+	// issuer (DNS rebinding) gets nothing; the keys stay public.
+	_, port, err := net.SplitHostPort(strings.TrimPrefix(srv.URL, "http://"))
+	require.NoError(t, err)
+	for host, want := range map[string]int{
+		"localhost:" + port:    http.StatusOK,
+		"evil.example:" + port: http.StatusMisdirectedRequest,
+		"evil.example":         http.StatusMisdirectedRequest,
+		"127.0.0.1:1":          http.StatusMisdirectedRequest,
+	} {
+		resp, _ := post(url.Values{"sub": {"bob"}}, "Host", host)
+		require.Equal(t, want, resp.StatusCode, host)
+	}
+	keys, err := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL+auth.JWKSPath, nil)
+	require.NoError(t, err)
+	keys.Host = "issuer:8084"
+	kresp, err := http.DefaultClient.Do(keys)
+	require.NoError(t, err)
+	kresp.Body.Close()
+	require.Equal(t, http.StatusOK, kresp.StatusCode)
 
 	for name, form := range map[string]url.Values{
 		"no sub":     {"role": {"admin"}},
 		"other role": {"sub": {"bob"}, "role": {"root"}},
 	} {
-		resp, err := http.PostForm(srv.URL+auth.TokenPath, form)
-		require.NoError(t, err)
-		resp.Body.Close()
+		resp, _ := post(form, "Authorization", "Bearer "+iss.OperatorSecret())
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, name)
+	}
+}
+
+// The operator secret is the configured one, else a fresh one per issuer;
+// the issuer answers the names configured beside its own.
+func TestIssuerSecretAndHosts(t *testing.T) {
+	t.Parallel()
+	a, err := auth.NewIssuer(t.Context(), auth.IssuerConfig{Issuer: "http://127.0.0.1:8084"})
+	require.NoError(t, err)
+	b, err := auth.NewIssuer(t.Context(), auth.IssuerConfig{Issuer: "http://127.0.0.1:8084"})
+	require.NoError(t, err)
+	require.NotEqual(t, a.OperatorSecret(), b.OperatorSecret())
+	require.GreaterOrEqual(t, len(a.OperatorSecret()), 20)
+	c, err := auth.NewIssuer(t.Context(), auth.IssuerConfig{Issuer: "https://id.example", OperatorSecret: "s3cret", Hosts: []string{"issuer:8084"}})
+	require.NoError(t, err)
+	require.Equal(t, "s3cret", c.OperatorSecret())
+	for host, want := range map[string]int{"id.example": http.StatusOK, "issuer:8084": http.StatusOK, "localhost": http.StatusMisdirectedRequest} {
+		r := httptest.NewRequest(http.MethodPost, "http://"+host+auth.TokenPath, strings.NewReader("sub=bob"))
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		rr := httptest.NewRecorder()
+		c.Handler().ServeHTTP(rr, r)
+		require.Equal(t, want, rr.Code, host)
 	}
 }
 

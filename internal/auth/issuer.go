@@ -5,12 +5,16 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,6 +38,15 @@ type IssuerConfig struct {
 	Audience string `env:"AUTH_AUDIENCE" envDefault:"onceflow"`
 	// TTL is how long a token is valid.
 	TTL time.Duration `env:"AUTH_TOKEN_TTL" envDefault:"12h"`
+	// OperatorSecret is what a caller of POST /token presents (as a
+	// bearer token) to be given an admin token; empty, one is made at
+	// start (OperatorSecret returns it).
+	OperatorSecret string `env:"ISSUER_OPERATOR_SECRET"`
+	// Hosts are the Host headers POST /token answers besides the issuer
+	// URL's own (and, for a loopback or unspecified one, the loopback
+	// names with its port): a page of another site whose name resolves to
+	// the issuer (DNS rebinding) gets no token.
+	Hosts []string `env:"ISSUER_HOSTS"`
 }
 
 // TokenRequest is what a token says.
@@ -47,8 +60,9 @@ type TokenRequest struct {
 // each Rotate), the JWKS of every key it has had, and tokens signed with the
 // newest. It is safe for concurrent use.
 type Issuer struct {
-	cfg  IssuerConfig
-	jwks *jwkset.MemoryJWKSet
+	cfg   IssuerConfig
+	hosts []string
+	jwks  *jwkset.MemoryJWKSet
 
 	mu  sync.Mutex
 	key *rsa.PrivateKey
@@ -62,7 +76,12 @@ func NewIssuer(ctx context.Context, cfg IssuerConfig) (*Issuer, error) {
 	}
 	cfg.Audience = cmp.Or(cfg.Audience, DefaultAudience)
 	cfg.TTL = cmp.Or(cfg.TTL, 12*time.Hour)
-	i := &Issuer{cfg: cfg, jwks: jwkset.NewMemoryStorage()}
+	cfg.OperatorSecret = cmp.Or(cfg.OperatorSecret, rand.Text())
+	hosts, err := issuerHosts(cfg)
+	if err != nil {
+		return nil, err
+	}
+	i := &Issuer{cfg: cfg, hosts: hosts, jwks: jwkset.NewMemoryStorage()}
 	if err := i.Rotate(ctx); err != nil {
 		return nil, err
 	}
@@ -94,6 +113,29 @@ func (i *Issuer) Rotate(ctx context.Context) error {
 
 // TTL is how long the tokens it issues are valid.
 func (i *Issuer) TTL() time.Duration { return i.cfg.TTL }
+
+// OperatorSecret is what POST /token wants, as a bearer token, to issue an
+// admin token.
+func (i *Issuer) OperatorSecret() string { return i.cfg.OperatorSecret }
+
+// issuerHosts are the Host headers POST /token answers: the issuer URL's,
+// the loopback names with its port when it is a loopback or unspecified
+// address, and cfg.Hosts.
+func issuerHosts(cfg IssuerConfig) ([]string, error) {
+	u, err := url.Parse(cfg.Issuer)
+	if err != nil || u.Host == "" {
+		return nil, fmt.Errorf("issuer: the issuer %q is no URL", cfg.Issuer)
+	}
+	hosts := append([]string{u.Host}, cfg.Hosts...)
+	if ip := net.ParseIP(u.Hostname()); ip != nil && (ip.IsLoopback() || ip.IsUnspecified()) || u.Hostname() == "localhost" {
+		port := cmp.Or(u.Port(), map[string]string{"https": "443"}[u.Scheme], "80")
+		hosts = append(hosts, "localhost:"+port, "127.0.0.1:"+port, "[::1]:"+port)
+		if u.Port() == "" {
+			hosts = append(hosts, "localhost", "127.0.0.1", "[::1]")
+		}
+	}
+	return hosts, nil
+}
 
 // Token signs a token for r, valid from now for the issuer's TTL.
 func (i *Issuer) Token(r TokenRequest) (string, error) {
@@ -141,7 +183,11 @@ type TokenResponse struct {
 }
 
 // Handler serves GET /.well-known/jwks.json, POST /token (form fields sub,
-// role=admin and email, the last two optional) and GET /healthz.
+// role=admin and email, the last two optional; role=admin only with the
+// operator secret as a bearer token) and GET /healthz. POST /token answers
+// only requests for the issuer's own host names; the keys and the health
+// are public, and the services fetch the keys by whatever name their
+// network gives the issuer.
 func (i *Issuer) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+JWKSPath, i.serveJWKS)
@@ -163,6 +209,10 @@ func (i *Issuer) serveJWKS(w http.ResponseWriter, r *http.Request) {
 }
 
 func (i *Issuer) serveToken(w http.ResponseWriter, r *http.Request) {
+	if !slices.ContainsFunc(i.hosts, func(h string) bool { return strings.EqualFold(h, r.Host) }) {
+		writeJSON(w, http.StatusMisdirectedRequest, map[string]string{"error": "invalid_request", "error_description": "this issuer does not answer to that host name"})
+		return
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
 	if err := r.ParseForm(); err != nil {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "invalid_request", "error_description": err.Error()})
@@ -173,6 +223,12 @@ func (i *Issuer) serveToken(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "invalid_request", "error_description": `role must be "admin" or absent`})
 		return
 	}
+	if role == RoleAdmin && !i.operator(r) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow dev issuer"`)
+		writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "invalid_client",
+			"error_description": "an admin token needs the run's operator secret: Authorization: Bearer <secret> (onceflow dev prints it; the issuer logs it)"})
+		return
+	}
 	token, err := i.Token(TokenRequest{Subject: r.PostForm.Get("sub"), Email: r.PostForm.Get("email"), Admin: role == RoleAdmin})
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "invalid_request", "error_description": err.Error()})
@@ -181,6 +237,13 @@ func (i *Issuer) serveToken(w http.ResponseWriter, r *http.Request) {
 	// Tokens are credentials: no cache may keep them (RFC 6749, 5.1).
 	w.Header().Set("Cache-Control", "no-store")
 	writeJSON(w, http.StatusOK, TokenResponse{AccessToken: token, TokenType: "Bearer", ExpiresIn: int64(i.cfg.TTL.Seconds())})
+}
+
+// operator reports whether r presents the operator secret as its bearer
+// token.
+func (i *Issuer) operator(r *http.Request) bool {
+	secret, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(secret)), []byte(i.cfg.OperatorSecret)) == 1
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

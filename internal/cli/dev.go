@@ -34,6 +34,9 @@ type devEnv struct {
 	// DatabaseURL names a PostgreSQL server to use instead of a local
 	// cluster.
 	DatabaseURL string `env:"DATABASE_URL"`
+	// OperatorSecret is what the dev issuer wants to issue an admin
+	// token; default a fresh one, printed.
+	OperatorSecret string `env:"ISSUER_OPERATOR_SECRET"`
 }
 
 // devStopTimeout bounds the shutdown after Ctrl-C; a second Ctrl-C kills.
@@ -51,6 +54,10 @@ func runDev(ctx context.Context, inv invocation, args []string) error {
 			return fmt.Errorf("dev: %w", err)
 		}
 		defer stop()
+	}
+	if !loopback(cfg.Host) {
+		inv.logger.WarnContext(ctx, "onceflow dev is for development: listening on "+cfg.Host+", its token issuer gives any customer's token to whoever reaches it, and an admin token to whoever has the printed operator secret",
+			"host", cfg.Host)
 	}
 	e, err := dev.Start(ctx, cfg, inv.logger)
 	if err != nil {
@@ -149,11 +156,12 @@ as 'onceflow <service>' does.`)
 			NATS:     *natsPort,
 			Postgres: *pgPort,
 		},
-		DatabaseURL: denv.DatabaseURL,
-		DataDir:     *dataDir,
-		Durable:     *durable,
-		NATSSync:    syncMode,
-		Environ:     os.Environ(),
+		DatabaseURL:    denv.DatabaseURL,
+		OperatorSecret: denv.OperatorSecret,
+		DataDir:        *dataDir,
+		Durable:        *durable,
+		NATSSync:       syncMode,
+		Environ:        os.Environ(),
 	}
 	if cfg.ClusterNodes, cfg.NATSNodeCommand, err = natsCluster(fs, *clusterNodes); err != nil {
 		return dev.Config{}, devFlags{}, err
@@ -245,7 +253,9 @@ func printEnv(w io.Writer, e *dev.Env, cfg dev.Config) {
 // printTokens prints ready-to-paste tokens of the dev issuer: two
 // customers and an operator.
 func printTokens(w io.Writer, e *dev.Env) {
-	fmt.Fprintf(w, "\nTokens of the dev issuer, valid %s (more: curl -s -X POST %s/token -d sub=carol [-d role=admin]):\n\n", e.Issuer.TTL(), e.IssuerURL)
+	fmt.Fprintf(w, "\nTokens of the dev issuer, valid %s (more: curl -s -X POST %s/token -d sub=carol -d email=carol@example.com;\n"+
+		"an operator's needs the run's secret: curl -s -X POST %s/token -H \"Authorization: Bearer $OPERATOR_SECRET\" -d sub=ops -d role=admin):\n\n",
+		e.Issuer.TTL(), e.IssuerURL, e.IssuerURL)
 	// The customers' tokens carry an e-mail, the address their orders
 	// default to, as an identity provider's would.
 	for _, t := range []struct {
@@ -262,6 +272,15 @@ func printTokens(w io.Writer, e *dev.Env) {
 		}
 		fmt.Fprintf(w, "  export %s=%s\n", t.name, tok)
 	}
+	fmt.Fprintf(w, "  export OPERATOR_SECRET=%s\n", e.Issuer.OperatorSecret())
+}
+
+// loopback reports whether host is a loopback address or name.
+func loopback(host string) bool {
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback()
+	}
+	return host == "localhost"
 }
 
 // printSeeded says what Seed wrote and how to place an order.

@@ -9,8 +9,17 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caarlos0/env/v11"
+
 	"github.com/onceflow/onceflow/internal/loadgen"
 )
+
+// loadgenEnv is what `onceflow loadgen` reads from the environment.
+type loadgenEnv struct {
+	// OperatorSecret is the dev issuer's, for the operator's token that
+	// seeds.
+	OperatorSecret string `env:"ISSUER_OPERATOR_SECRET"`
+}
 
 func runLoadgen(ctx context.Context, inv invocation, args []string) error {
 	fs := flagSet("loadgen", commandUsage("loadgen"), `
@@ -23,7 +32,10 @@ Idempotency-Key that its retries reuse, and follows every order to its
 terminal state. Latencies come from the orders' timelines: the OrderPlaced
 event's time to the terminal event's, both by the order service's clock.
 It sends every request with a token from --issuer-url's POST /token: a
-customer's for their orders, an operator's to seed.
+customer's for their orders, an operator's to seed, for which the dev
+issuer wants its operator secret (ISSUER_OPERATOR_SECRET, which onceflow
+dev prints). POST /orders is rate-limited per customer (ORDER_RATE_LIMIT,
+default 100/s): keep --rate under that many times --customers.
 
   onceflow loadgen --rate 300/s --duration 1m --json results.json --histogram latency.svg`)
 	order := fs.String("order-url", "http://127.0.0.1:8080", "base `URL` of the order API")
@@ -48,20 +60,25 @@ customer's for their orders, an operator's to seed.
 	if *histPath != "" && !strings.HasSuffix(*histPath, ".svg") && !strings.HasSuffix(*histPath, ".png") {
 		return usageError(fs, "--histogram wants a .svg or .png file")
 	}
+	lenv, err := env.ParseAs[loadgenEnv]()
+	if err != nil {
+		return fmt.Errorf("loadgen config: %w", err)
+	}
 
 	res, err := loadgen.Run(ctx, loadgen.Config{
-		OrderURL:      strings.TrimSuffix(*order, "/"),
-		PaymentURL:    strings.TrimSuffix(*payment, "/"),
-		InventoryURL:  strings.TrimSuffix(*inventory, "/"),
-		IssuerURL:     strings.TrimSuffix(*issuer, "/"),
-		Rate:          float64(rate),
-		Concurrency:   *concurrency,
-		Duration:      *duration,
-		SettleTimeout: *settle,
-		Customers:     *customers,
-		SKUs:          *skus,
-		Progress:      inv.stderr,
-		TTY:           isTerminal(inv.stderr),
+		OrderURL:       strings.TrimSuffix(*order, "/"),
+		PaymentURL:     strings.TrimSuffix(*payment, "/"),
+		InventoryURL:   strings.TrimSuffix(*inventory, "/"),
+		IssuerURL:      strings.TrimSuffix(*issuer, "/"),
+		OperatorSecret: lenv.OperatorSecret,
+		Rate:           float64(rate),
+		Concurrency:    *concurrency,
+		Duration:       *duration,
+		SettleTimeout:  *settle,
+		Customers:      *customers,
+		SKUs:           *skus,
+		Progress:       inv.stderr,
+		TTY:            isTerminal(inv.stderr),
 	})
 	if res != nil {
 		res.WriteText(inv.stdout)

@@ -106,6 +106,10 @@ type Config struct {
 	// unset and JetStream does not fsync every write. Nil means every other
 	// setting at its default.
 	Environ []string
+	// OperatorSecret is what the dev issuer's POST /token wants, as a
+	// bearer token, to issue an admin token; default a fresh one
+	// (Env.Issuer.OperatorSecret), logged.
+	OperatorSecret string
 	// TestAdmin issues natsauth.Admin's credentials too
 	// (Env.NATSCreds[natsauth.Admin]): every right in the account, for
 	// tests that corrupt the system on purpose. onceflow dev never sets it.
@@ -378,8 +382,12 @@ func (e *Env) newIssuer(ctx context.Context, cfg Config) error {
 	}
 	e.issuerLn = ln
 	e.IssuerURL = "http://" + ln.Addr().String()
-	e.Issuer, err = auth.NewIssuer(ctx, auth.IssuerConfig{Issuer: e.IssuerURL, Audience: auth.DefaultAudience})
-	return err
+	e.Issuer, err = auth.NewIssuer(ctx, auth.IssuerConfig{Issuer: e.IssuerURL, Audience: auth.DefaultAudience, OperatorSecret: cfg.OperatorSecret})
+	if err != nil {
+		return err
+	}
+	e.logger.InfoContext(ctx, "dev token issuer: an admin token needs the operator secret as a bearer token", "url", e.IssuerURL, "operator_secret", e.Issuer.OperatorSecret())
+	return nil
 }
 
 // AuthConfig is how the services verify the dev issuer's tokens.
@@ -387,9 +395,15 @@ func (e *Env) AuthConfig() auth.Config {
 	return auth.Config{JWKSURL: e.IssuerURL + auth.JWKSPath, Issuer: e.IssuerURL, Audience: auth.DefaultAudience}
 }
 
-// Token is a token of the dev issuer for customer, an operator's with admin.
+// Token is a token of the dev issuer for customer, an operator's with
+// admin. A customer's carries the e-mail customer@example.com, the
+// address their orders are sent to, as an identity provider's would.
 func (e *Env) Token(customer string, admin bool) (string, error) {
-	return e.Issuer.Token(auth.TokenRequest{Subject: customer, Admin: admin})
+	r := auth.TokenRequest{Subject: customer, Admin: admin}
+	if !admin {
+		r.Email = customer + "@example.com"
+	}
+	return e.Issuer.Token(r)
 }
 
 // startNATS starts the embedded NATS server with JetStream.

@@ -38,6 +38,10 @@ var operator = caller{subject: "loadgen-operator", admin: true}
 // customer is the caller that places and reads id's orders.
 func customer(id string) caller { return caller{subject: id} }
 
+// email is the address of the customer id: in their token, and in their
+// orders.
+func email(id string) string { return id + "@loadgen.example" }
+
 // token returns a token for who, from the issuer's POST /token the first
 // time. The run is shorter than the issuer's tokens live.
 func (c *client) token(ctx context.Context, who caller) (string, error) {
@@ -47,15 +51,20 @@ func (c *client) token(ctx context.Context, who caller) (string, error) {
 	if ok {
 		return tok, nil
 	}
-	form := url.Values{"sub": {who.subject}}
+	// A customer's token carries their e-mail, the only address their
+	// orders may name.
+	form := url.Values{"sub": {who.subject}, "email": {email(who.subject)}}
 	if who.admin {
-		form.Set("role", "admin")
+		form = url.Values{"sub": {who.subject}, "role": {"admin"}}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.cfg.IssuerURL+"/token", strings.NewReader(form.Encode()))
 	if err != nil {
 		return "", err
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if who.admin {
+		req.Header.Set("Authorization", "Bearer "+c.cfg.OperatorSecret)
+	}
 	var answer struct {
 		AccessToken string `json:"access_token"`
 	}

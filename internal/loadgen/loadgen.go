@@ -43,6 +43,10 @@ type Config struct {
 	// e.g. http://127.0.0.1:8084): the run asks its POST /token for a
 	// token per customer, and an operator's to seed.
 	IssuerURL string
+	// OperatorSecret is what the issuer wants, as a bearer token, for an
+	// operator's token (the dev issuer's ISSUER_OPERATOR_SECRET, which
+	// onceflow dev prints).
+	OperatorSecret string
 	// Rate is the target of orders placed per second; zero places them as
 	// fast as Concurrency clients can.
 	Rate float64

@@ -37,9 +37,9 @@ func TestRunAgainstDev(t *testing.T) {
 			OrderURL:     e.URL("order"),
 			PaymentURL:   e.URL("payment"),
 			InventoryURL: e.URL("inventory"),
-			IssuerURL:    e.IssuerURL,
-			Rate:         40,
-			Duration:     3 * time.Second,
+			IssuerURL:    e.IssuerURL, OperatorSecret: e.Issuer.OperatorSecret(),
+			Rate:     40,
+			Duration: 3 * time.Second,
 			// Enough poor customers and scarce SKUs in 120 orders to see
 			// every outcome.
 			PoorShare:   0.3,
@@ -117,10 +117,10 @@ func TestRunAgainstDev(t *testing.T) {
 			OrderURL:     e.URL("order"),
 			PaymentURL:   e.URL("payment"),
 			InventoryURL: e.URL("inventory"),
-			IssuerURL:    e.IssuerURL,
-			Concurrency:  4,
-			Duration:     time.Second,
-			Client:       &http.Client{Transport: lossy, Timeout: 10 * time.Second},
+			IssuerURL:    e.IssuerURL, OperatorSecret: e.Issuer.OperatorSecret(),
+			Concurrency: 4,
+			Duration:    time.Second,
+			Client:      &http.Client{Transport: lossy, Timeout: 10 * time.Second},
 		})
 		require.NoError(t, err)
 		require.Positive(t, res.Placed)
@@ -159,9 +159,9 @@ func TestRunAgainstDev(t *testing.T) {
 			OrderURL:     e.URL("order"),
 			PaymentURL:   e.URL("payment"),
 			InventoryURL: e.URL("inventory"),
-			IssuerURL:    e.IssuerURL,
-			Rate:         20,
-			Duration:     time.Minute,
+			IssuerURL:    e.IssuerURL, OperatorSecret: e.Issuer.OperatorSecret(),
+			Rate:     20,
+			Duration: time.Minute,
 		})
 		require.ErrorIs(t, err, context.Canceled)
 		require.NotNil(t, res)

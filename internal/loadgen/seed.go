@@ -119,7 +119,7 @@ func (w *world) newOrder(rng *rand.Rand, poorShare, scarceShare float64) orderRe
 		}
 		skus = append(skus, w.plenty[i])
 	}
-	req := orderRequest{CustomerID: customer, CustomerEmail: customer + "@loadgen.example"}
+	req := orderRequest{CustomerID: customer, CustomerEmail: email(customer)}
 	for _, sku := range skus {
 		req.Items = append(req.Items, orderItem{SKU: sku, Quantity: 1 + rng.IntN(3)})
 	}
