@@ -130,10 +130,11 @@ func StartIssuer(t testing.TB) (*auth.Issuer, string) {
 }
 
 // As returns the headers of a request by customer: extra's, and a bearer
-// token of the test's issuer.
+// token of the test's issuer, with the e-mail customer@example.com, as an
+// identity provider's would carry.
 func (s *Service) As(t testing.TB, customer string, extra ...http.Header) http.Header {
 	t.Helper()
-	return s.bearer(t, auth.TokenRequest{Subject: customer}, extra)
+	return s.bearer(t, auth.TokenRequest{Subject: customer, Email: customer + "@example.com"}, extra)
 }
 
 // AsAdmin returns the headers of a request by an operator: extra's, and a

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"net/http"
+	"net/url"
 	"os"
 	"regexp"
 	"strings"
@@ -83,6 +85,7 @@ func TestDev(t *testing.T) {
 	claims, err := base64.RawURLEncoding.DecodeString(alice[1])
 	require.NoError(t, err)
 	require.Contains(t, string(claims), `"email":"alice@example.com"`)
+	requireAdminTokenForThePrintedSecret(t, out)
 
 	cancel()
 	select {
@@ -92,4 +95,32 @@ func TestDev(t *testing.T) {
 		t.Fatal("dev did not stop")
 	}
 	require.True(t, strings.HasSuffix(stdout.String(), "Stopped; its temporary data is removed.\n"), stdout.String())
+}
+
+// requireAdminTokenForThePrintedSecret asks the issuer dev printed for an
+// admin token as the printed curl does: refused without the printed
+// OPERATOR_SECRET, given with it; a customer's needs none.
+func requireAdminTokenForThePrintedSecret(t *testing.T, out string) {
+	t.Helper()
+	issuer := regexp.MustCompile(`(?m)^  issuer\s+(http://\S+)`).FindStringSubmatch(out)
+	require.Len(t, issuer, 2, out)
+	secret := regexp.MustCompile(`(?m)^  export OPERATOR_SECRET=(\S+)$`).FindStringSubmatch(out)
+	require.Len(t, secret, 2, out)
+	require.Contains(t, out, `/token -H "Authorization: Bearer $OPERATOR_SECRET" -d sub=ops -d role=admin`)
+	token := func(form url.Values, bearer string) int {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, issuer[1]+"/token", strings.NewReader(form.Encode()))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	admin := url.Values{"sub": {"ops"}, "role": {"admin"}}
+	require.Equal(t, http.StatusUnauthorized, token(admin, ""))
+	require.Equal(t, http.StatusOK, token(admin, secret[1]))
+	require.Equal(t, http.StatusOK, token(url.Values{"sub": {"carol"}, "email": {"carol@example.com"}}, ""))
 }

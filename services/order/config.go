@@ -1,11 +1,15 @@
 package order
 
 import (
+	"cmp"
 	"fmt"
 
 	"github.com/caarlos0/env/v11"
+	"github.com/labstack/echo/v4"
 
 	"github.com/onceflow/onceflow/internal/app"
+	"github.com/onceflow/onceflow/internal/auth"
+	"github.com/onceflow/onceflow/internal/httpapi"
 )
 
 // Config is the order service's configuration, read from the environment.
@@ -18,6 +22,34 @@ type Config struct {
 	// saga may have before POST /orders answers 503 with Retry-After;
 	// negative means no limit.
 	MaxOrdersInFlight int `env:"MAX_ORDERS_IN_FLIGHT" envDefault:"2000"`
+
+	// OrdersPerSecond is how many orders one caller (a token's subject)
+	// may place a second on average, OrdersBurst at once; past it, POST
+	// /orders answers 429 with Retry-After. Zero takes the default, far
+	// above what a person or the load generator sends; negative means no
+	// limit. Each replica counts its own.
+	OrdersPerSecond float64 `env:"ORDER_RATE_LIMIT" envDefault:"100"`
+	OrdersBurst     int     `env:"ORDER_RATE_BURST" envDefault:"200"`
+}
+
+// Defaults of the per-caller limit on POST /orders.
+const (
+	DefaultOrdersPerSecond = 100
+	DefaultOrdersBurst     = 200
+)
+
+// perCaller is the middleware that limits each caller's POST /orders, or
+// nil for none.
+func (cfg Config) perCaller() echo.MiddlewareFunc {
+	if cfg.OrdersPerSecond < 0 {
+		return nil
+	}
+	perSecond := cmp.Or(cfg.OrdersPerSecond, DefaultOrdersPerSecond)
+	burst := cmp.Or(cfg.OrdersBurst, DefaultOrdersBurst)
+	return httpapi.PerCaller(perSecond, burst, func(c echo.Context) string {
+		caller, _ := auth.Caller(c)
+		return caller.Subject
+	})
 }
 
 // LoadConfig reads Config from the environment.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/mail"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -94,7 +95,11 @@ type itemRequest struct {
 // Routes registers the order API.
 func (s *Service) Routes(e *echo.Echo) {
 	e.GET("/openapi.yaml", func(c echo.Context) error { return c.Blob(http.StatusOK, "application/yaml", openAPI) })
-	e.POST("/orders", s.place)
+	var limit []echo.MiddlewareFunc
+	if s.perCaller != nil {
+		limit = append(limit, s.perCaller)
+	}
+	e.POST("/orders", s.place, limit...)
 	e.GET("/orders", s.list)
 	e.GET("/orders/:id", s.get)
 	e.PUT("/products/:sku", s.putProduct, auth.AdminOnly)
@@ -121,6 +126,9 @@ func (s *Service) place(c echo.Context) error {
 	}
 	lines, err := req.validate()
 	if err != nil {
+		return err
+	}
+	if customer.CustomerEmail, err = recipient(req.CustomerEmail, caller.Email); err != nil {
 		return err
 	}
 	// One round trip when the prices are guessed (see price): the key's
@@ -212,8 +220,8 @@ func newOrderRows(id uuid.UUID, customer buyer, ev event.Envelope, lines event.L
 	return params, items
 }
 
-// buyer is who an order is for: the caller, at the e-mail address the body
-// gives or else the token's.
+// buyer is who an order is for: the caller, at the token's e-mail address
+// (see recipient).
 type buyer struct{ CustomerID, CustomerEmail string }
 
 // check refuses a subject that cannot be a customer (403: the token is
@@ -230,6 +238,23 @@ func (o buyer) check() error {
 		}
 	}
 	return nil
+}
+
+// recipient is the address an order's e-mails go to: the token's verified
+// e-mail. The body's customer_email may repeat it (the case of its letters
+// aside) or be left out; any other address is refused (422), never
+// silently replaced, so that a customer cannot have the order's e-mails
+// sent to someone else, and a client learns that its address was not
+// used. A token without an e-mail places orders with none, and no
+// customer_email.
+func recipient(body, verified string) (string, error) {
+	if body == "" || strings.EqualFold(body, verified) {
+		return verified, nil
+	}
+	if verified == "" {
+		return "", httpapi.NewProblem(http.StatusUnprocessableEntity, "customer_email must be the token's e-mail, and the token has none: leave it out")
+	}
+	return "", httpapi.NewProblem(http.StatusUnprocessableEntity, "customer_email must be the token's e-mail (or be left out)")
 }
 
 // validate checks everything about the request's lines that does not need

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -36,7 +37,7 @@ func post(ctx context.Context, svc *apptest.Service, header http.Header, content
 		return nil, nil, err
 	}
 	req.Header.Set("Content-Type", contentType)
-	if err := authorize(req, svc, auth.TokenRequest{Subject: "alice"}); err != nil {
+	if err := authorize(req, svc, auth.TokenRequest{Subject: "alice", Email: "alice@example.com"}); err != nil {
 		return nil, nil, err
 	}
 	for k, v := range header {
@@ -92,14 +93,67 @@ func TestPlaceAndGetOrder(t *testing.T) {
 	require.Equal(t, 1, countRows(t, svc, "SELECT 1 FROM outbox WHERE event_type = $1 AND event_id = $2 AND subject = $3 AND source = $4",
 		string(event.OrderPlaced), placed.Timeline[0].EventID, placed.ID.String(), order.Name))
 
-	// Without an e-mail address, the field is empty, not missing.
-	var noEmail order.Order
-	resp = svc.Do(t, http.MethodPost, "/orders", svc.As(t, "bob", key("place-2")), map[string]any{
-		"items": []map[string]any{{"sku": "apple", "quantity": 1}},
-	}, &noEmail)
-	require.Equal(t, http.StatusCreated, resp.StatusCode)
-	require.Equal(t, "bob", noEmail.CustomerID, "the customer is the token's subject")
-	require.Empty(t, noEmail.CustomerEmail)
+}
+
+// An order's e-mails go to the token's verified address: the body may
+// repeat it or leave it out, and any other address is refused, never
+// used nor silently replaced (docs/security.md says so). A token without
+// an e-mail places orders with none.
+func TestOrderEmailsGoToTheTokensAddress(t *testing.T) {
+	t.Parallel()
+	svc := start(t)
+	for _, tc := range []struct {
+		name, token, body string
+		status            int
+		want              string
+	}{
+		{name: "left out", token: "alice@example.com", status: http.StatusCreated, want: "alice@example.com"},
+		{name: "repeated", token: "alice@example.com", body: "alice@example.com", status: http.StatusCreated, want: "alice@example.com"},
+		{name: "repeated in other case", token: "alice@example.com", body: "Alice@EXAMPLE.com", status: http.StatusCreated, want: "alice@example.com"},
+		{name: "another address", token: "alice@example.com", body: "victim@example.net", status: http.StatusUnprocessableEntity},
+		{name: "none in the token", body: "victim@example.net", status: http.StatusUnprocessableEntity},
+		{name: "none at all", status: http.StatusCreated, want: ""},
+	} {
+		body := map[string]any{"items": []map[string]any{{"sku": "apple", "quantity": 1}}}
+		if tc.body != "" {
+			body["customer_email"] = tc.body
+		}
+		tok, err := svc.Issuer.Token(auth.TokenRequest{Subject: "bob", Email: tc.token})
+		require.NoError(t, err)
+		var o order.Order
+		out := any(&o)
+		if tc.status != http.StatusCreated {
+			out = nil
+		}
+		resp := svc.Do(t, http.MethodPost, "/orders", http.Header{"Authorization": {"Bearer " + tok}, "Idempotency-Key": {uuid.NewString()}}, body, out)
+		require.Equal(t, tc.status, resp.StatusCode, tc.name)
+		if tc.status == http.StatusCreated {
+			require.Equal(t, tc.want, o.CustomerEmail, tc.name)
+			require.Equal(t, tc.want, get(t, svc, o.ID).CustomerEmail, tc.name)
+		}
+	}
+	require.Zero(t, countRows(t, svc, "SELECT 1 FROM orders WHERE customer_email <> '' AND customer_email <> 'alice@example.com'"),
+		"no order names another address")
+	require.Zero(t, countRows(t, svc, "SELECT 1 FROM outbox WHERE data::text LIKE '%victim%'"), "nor does any event")
+}
+
+// One caller's orders beyond their rate are refused with 429 and the
+// Retry-After their next one needs, as a problem; other callers place
+// theirs.
+func TestOrdersBeyondACallersRateAreRefused(t *testing.T) {
+	t.Parallel()
+	// One order per 100s on average, two at once: the third is refused
+	// however slowly the test runs.
+	svc := startOrder(t, order.Config{OrdersPerSecond: 0.01, OrdersBurst: 2})
+	place(t, svc, "alice")
+	place(t, svc, "alice")
+	resp, body := mustPost(t, svc, svc.As(t, "alice", key(uuid.NewString())), validBody)
+	requireProblem(t, resp, body, http.StatusTooManyRequests)
+	retry, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+	require.NoError(t, err)
+	require.InDelta(t, 100, retry, 2, "seconds until alice's next order")
+	place(t, svc, "bob")
+	require.Equal(t, 3, countRows(t, svc, "SELECT 1 FROM orders"))
 }
 
 func TestGetOrderErrors(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/idempotency"
@@ -40,6 +41,8 @@ type Service struct {
 	idem    *idempotency.Store
 	// admission, when set, refuses new orders while the saga is behind.
 	admission *Admission
+	// perCaller, when set, limits each caller's POST /orders.
+	perCaller echo.MiddlewareFunc
 	// prices are the catalog's, as last read: POST /orders's guesses.
 	prices *knownPrices
 }

@@ -17,6 +17,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	return app.Run(ctx, Name, cfg.Config, logger, func(d app.Deps) (app.Spec, error) {
 		s := New(d.Pool)
 		s.admission = NewAdmission(d.Pool, cfg.MaxOrdersInFlight, d.Logger)
+		s.perCaller = cfg.perCaller()
 		if err := d.Registry.Register(s.admission.Collector()); err != nil {
 			return app.Spec{}, fmt.Errorf("register admission metrics: %w", err)
 		}
