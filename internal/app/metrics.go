@@ -46,7 +46,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		inboxMessages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_inbox_messages_total",
-			Help: "Messages settled by an inbox consumer, by event type and outcome (processed, duplicate, retried, dead_lettered).",
+			Help: "Messages settled by an inbox consumer, by event type and outcome (processed, duplicate, retried, dead_lettered, and dead_letter_refused: the DLQ refused the copy and the message is retried).",
 		}, []string{"consumer", "event_type", "outcome"}),
 		inboxRedeliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_inbox_redeliveries_total",

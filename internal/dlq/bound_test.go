@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -37,18 +38,59 @@ type sagaEnv struct {
 	payment  jetstream.JetStream
 	store    *dlq.Store // the operator's
 
-	mu     sync.Mutex
-	poison map[uuid.UUID]bool
+	mu      sync.Mutex
+	poison  map[uuid.UUID]bool
+	refused map[uint64]int // payment's refused dead-letterings, by delivery
+}
+
+// refusals counts the dead-letterings the DLQ refused payment's inbox.
+type refusals struct{ e *sagaEnv }
+
+func (r refusals) Handle(ctx context.Context, _ event.Envelope) (context.Context, func(error)) {
+	return ctx, func(error) {}
+}
+
+func (r refusals) HandleBatch(ctx context.Context, _ []event.Envelope) (context.Context, func(error)) {
+	return ctx, func(error) {}
+}
+
+func (r refusals) Transaction(int, time.Duration, error) {}
+
+func (r refusals) Settled(_ event.Envelope, outcome inbox.Outcome, deliveries uint64) {
+	if outcome == inbox.OutcomeDeadLetterRefused {
+		r.e.mu.Lock()
+		defer r.e.mu.Unlock()
+		r.e.refused[deliveries]++
+	}
+}
+
+func (e *sagaEnv) refusedOn(delivery uint64) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.refused[delivery]
+}
+
+func (e *sagaEnv) setPoison(id uuid.UUID, on bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.poison[id] = on
 }
 
 func setupSaga(t *testing.T) *sagaEnv {
 	t.Helper()
+	return setupSagaWith(t, streams.Config{})
+}
+
+// setupSagaWith is setupSaga with cfg's settings of the topology.
+func setupSagaWith(t *testing.T, cfg streams.Config) *sagaEnv {
+	t.Helper()
 	ctx := t.Context()
 	n := testenv.NewNATS(t)
 	require.True(t, n.Embedded(), "the identities need testenv's embedded server")
+	cfg.Storage, cfg.InboxRetention = jetstream.MemoryStorage, retention
 	e := &sagaEnv{
 		nats: n, db: testenv.NewServiceDatabase(t, ""), poison: map[uuid.UUID]bool{},
-		topology: streams.Saga(streams.Config{Storage: jetstream.MemoryStorage, InboxRetention: retention}),
+		topology: streams.Saga(cfg), refused: map[uint64]int{},
 	}
 	_, err := e.db.Pool.Exec(ctx, `CREATE TABLE charges (event_id uuid NOT NULL, total_cents bigint NOT NULL)`)
 	require.NoError(t, err)
@@ -60,7 +102,7 @@ func setupSaga(t *testing.T) *sagaEnv {
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	c := inbox.New(e.db.Pool, e.payment, inbox.Config{
 		Stream: streams.Orders, Durable: streams.PaymentOrders, NakDelay: 50 * time.Millisecond,
-		Retention: retention, Topology: &e.topology,
+		Retention: retention, Topology: &e.topology, Observer: refusals{e},
 	}, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		e.mu.Lock()
 		poisoned := e.poison[ev.ID]
@@ -75,13 +117,7 @@ func setupSaga(t *testing.T) *sagaEnv {
 		_, err := tx.Exec(ctx, `INSERT INTO charges (event_id, total_cents) VALUES ($1, $2)`, ev.ID, p.TotalCents)
 		return err
 	}, logger)
-	runCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
+	run(t, c)
 	return e
 }
 
@@ -98,9 +134,7 @@ func (e *sagaEnv) as(t *testing.T, identity string) jetstream.JetStream {
 func (e *sagaEnv) place(t *testing.T, customer string, total int64, poisoned bool) (event.Envelope, uint64) {
 	t.Helper()
 	ev := orderPlaced(t, customer, total)
-	e.mu.Lock()
-	e.poison[ev.ID] = poisoned
-	e.mu.Unlock()
+	e.setPoison(ev.ID, poisoned)
 	msg, err := ev.Msg()
 	require.NoError(t, err)
 	ack, err := e.order.PublishMsg(t.Context(), msg)
@@ -254,9 +288,7 @@ func TestAReplayRereadsTheOriginal(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, shown.Verified(), "the original is there, with the entry's event id: %+v", shown)
 
-	e.mu.Lock()
-	e.poison[ev.ID] = false // the fix is deployed
-	e.mu.Unlock()
+	e.setPoison(ev.ID, false) // the fix is deployed
 	a, err := e.store.Replay(ctx, id, dlq.ReplayOptions{By: "ops"})
 	require.NoError(t, err)
 	require.False(t, a.PastRetention)
@@ -277,4 +309,104 @@ func TestAReplayRereadsTheOriginal(t *testing.T) {
 	_, err = e.store.Replay(ctx, entry.ID, dlq.ReplayOptions{By: "ops"})
 	require.NoError(t, err)
 	require.Equal(t, map[uuid.UUID]int64{ev.ID: 25}, e.charges(t))
+}
+
+// Each durable has a budget of its own in the DLQ: notify filling its own,
+// with entries as many and as large as it may, leaves payment's
+// dead-lettering working. When payment's own budget is spent, its
+// dead-lettering is refused, counted and retried — held on the last
+// delivery, past which a nak would drop it — until there is room.
+func TestOneServiceCannotFillTheDLQForTheOthers(t *testing.T) {
+	t.Parallel()
+	const budget = 5
+	e := setupSagaWith(t, streams.Config{DLQMaxPerConsumer: budget, MaxDeliver: 3})
+	ctx := t.Context()
+	for i := 0; ; i++ {
+		_, err := e.notify.Publish(ctx, streams.DLQSubjectPrefix+streams.NotifyOrders, make([]byte, 15<<10))
+		if err != nil {
+			require.Equal(t, budget, i, "refused once its budget is spent: %v", err)
+			break
+		}
+	}
+	_, err := e.notify.Publish(ctx, streams.DLQSubjectPrefix+streams.NotifyOrders, make([]byte, 900<<10))
+	require.ErrorIs(t, err, jetstream.ErrStreamMessageExceedsMaximum, "an entry's size is bounded too")
+
+	ev, seq := e.place(t, "alice", 10, true)
+	var entry dlq.Entry
+	require.Eventually(t, func() bool {
+		page, err := e.store.List(ctx, dlq.Filter{Consumer: streams.PaymentOrders})
+		require.NoError(t, err)
+		if len(page.Entries) == 1 {
+			entry = page.Entries[0]
+		}
+		return len(page.Entries) == 1
+	}, waitFor, tick)
+	require.Equal(t, ev.ID.String(), entry.EventID)
+	require.Equal(t, seq, entry.StreamSeq)
+	require.Zero(t, e.refusedOn(1))
+
+	// payment spends the rest of its own budget.
+	for range budget - 1 {
+		_, err := e.payment.Publish(ctx, streams.DLQSubjectPrefix+streams.PaymentOrders, []byte("{}"))
+		require.NoError(t, err)
+	}
+	held, _ := e.place(t, "alice", 20, true)
+	require.Eventually(t, func() bool { return e.refusedOn(3) >= 2 }, waitFor, tick,
+		"refused on the first and second delivery, then held and retried on the last")
+	require.Equal(t, 1, e.refusedOn(1))
+	require.Equal(t, 1, e.refusedOn(2))
+
+	// Room again (an administrator purges payment's spent entries): the
+	// held dead letter is stored.
+	st, err := e.admin.Stream(ctx, streams.DLQ)
+	require.NoError(t, err)
+	require.NoError(t, st.Purge(ctx, jetstream.WithPurgeSubject(streams.DLQSubjectPrefix+streams.PaymentOrders)))
+	require.Eventually(t, func() bool {
+		page, err := e.store.List(ctx, dlq.Filter{Consumer: streams.PaymentOrders})
+		require.NoError(t, err)
+		return len(page.Entries) == 1 && page.Entries[0].EventID == held.ID.String()
+	}, waitFor, tick)
+}
+
+// An event too large for the DLQ is dead-lettered without its body (the
+// entry says how large it was) rather than retried for ever; its replay
+// re-reads the original, body and all.
+func TestABodyTooLargeForTheDLQStaysInItsStream(t *testing.T) {
+	t.Parallel()
+	e := setupSagaWith(t, streams.Config{DLQMaxMsgSize: 2 << 10})
+	ctx := t.Context()
+	var lines event.Lines
+	for i := range 100 {
+		lines = append(lines, event.OrderLine{SKU: fmt.Sprintf("sku-%03d", i), Quantity: 1, UnitPriceCents: 1})
+	}
+	ev, err := event.New("order", event.OrderPlaced, uuid.NewString(), event.OrderPlacedV1{
+		Order: event.Order{OrderID: uuid.New(), CustomerID: "alice"}, Lines: lines, TotalCents: 100,
+	})
+	require.NoError(t, err)
+	require.Greater(t, len(ev.Data), 2<<10)
+	e.setPoison(ev.ID, true)
+	msg, err := ev.Msg()
+	require.NoError(t, err)
+	_, err = e.order.PublishMsg(ctx, msg)
+	require.NoError(t, err)
+
+	var id uint64
+	require.Eventually(t, func() bool {
+		page, err := e.store.List(ctx, dlq.Filter{Consumer: streams.PaymentOrders})
+		require.NoError(t, err)
+		if len(page.Entries) == 1 {
+			id = page.Entries[0].ID
+		}
+		return id != 0
+	}, waitFor, tick)
+	entry, err := e.store.Get(ctx, id)
+	require.NoError(t, err)
+	require.Empty(t, entry.Data)
+	require.Equal(t, strconv.Itoa(len(ev.Data)), entry.Headers.Get(inbox.HeaderDLQBodyDropped))
+	require.True(t, entry.Verified(), "%+v", entry)
+
+	e.setPoison(ev.ID, false)
+	_, err = e.store.Replay(ctx, id, dlq.ReplayOptions{By: "ops"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return e.charges(t)[ev.ID] == 100 }, waitFor, tick)
 }

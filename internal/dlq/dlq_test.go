@@ -84,15 +84,21 @@ func setup(t *testing.T) *env {
 				return err
 			}, logger)
 		e.consumer[durable] = c
-		runCtx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- c.Run(runCtx) }()
-		t.Cleanup(func() {
-			cancel()
-			require.NoError(t, <-done)
-		})
+		run(t, c)
 	}
 	return e
+}
+
+// run runs c until the test ends.
+func run(t *testing.T, c *inbox.Consumer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
 }
 
 func (e *env) setPoison(id uuid.UUID, on bool) {

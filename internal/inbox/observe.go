@@ -22,6 +22,10 @@ const (
 	OutcomeDuplicate    Outcome = "duplicate"     // processed before; acked without the handler
 	OutcomeRetried      Outcome = "retried"       // naked for a redelivery
 	OutcomeDeadLettered Outcome = "dead_lettered" // copied to the DLQ and terminated
+	// OutcomeDeadLetterRefused is a copy to the DLQ that was refused (the
+	// durable's budget there is spent, or NATS failed): the message is
+	// retried, not dropped.
+	OutcomeDeadLetterRefused Outcome = "dead_letter_refused"
 )
 
 // Observer is told what a Consumer does, for metrics and tracing; package

@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -90,8 +91,9 @@ func nakDelay(base time.Duration, delivered uint64) time.Duration {
 }
 
 // deadLetter copies d's message to the DLQ with the reason, then terminates
-// it. If the copy fails the message is naked instead: it is never dropped
-// uncopied.
+// it. If the copy is refused (the DLQ is unreachable, or the durable's
+// budget there is spent) the message is retried, never dropped uncopied:
+// see publishDeadLetter.
 func (c *Consumer) deadLetter(ctx context.Context, d *delivery, reason string) {
 	reason = strings.Join(strings.Fields(reason), " ") // no line breaks in a header
 	if len(reason) > maxReasonLen {
@@ -117,10 +119,7 @@ func (c *Consumer) deadLetter(ctx context.Context, d *delivery, reason string) {
 	h.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s:%d", c.cfg.Durable, d.meta.Sequence.Stream))
 
 	dlq := &nats.Msg{Subject: streams.DLQSubjectPrefix + c.cfg.Durable, Header: h, Data: d.msg.Data()}
-	if _, err := c.js.PublishMsg(ctx, dlq); err != nil {
-		c.logger.ErrorContext(ctx, "dead-lettering failed; the message will be redelivered",
-			"stream_seq", d.meta.Sequence.Stream, "reason", reason, "err", err)
-		c.nak(ctx, d)
+	if !c.publishDeadLetter(ctx, d, dlq) {
 		return
 	}
 	c.deadLettered.Add(1)
@@ -130,5 +129,51 @@ func (c *Consumer) deadLetter(ctx context.Context, d *delivery, reason string) {
 	if err := d.msg.TermWithReason("dead-lettered"); err != nil {
 		c.logger.WarnContext(ctx, "term failed; the redelivery will be dead-lettered again and deduplicated",
 			"stream_seq", d.meta.Sequence.Stream, "err", err)
+	}
+}
+
+// HeaderDLQBodyDropped is the size of a body too large for the DLQ: the
+// entry holds its headers only, and a replay re-reads the original.
+const HeaderDLQBodyDropped = "Onceflow-Dlq-Body-Dropped"
+
+// maxHoldWait bounds the wait between two tries of a dead letter held on
+// its last delivery, so that the hold (InProgress) outlasts any ack wait.
+const maxHoldWait = time.Second
+
+// publishDeadLetter stores dlq, and reports whether it did. A refusal is
+// logged and counted (OutcomeDeadLetterRefused) and the message retried:
+// naked with the usual back-off, or, on its last delivery, where a nak
+// would not bring it back, held in progress and tried again here until
+// stored or the consumer stops.
+func (c *Consumer) publishDeadLetter(ctx context.Context, d *delivery, dlq *nats.Msg) bool {
+	last := c.maxDeliver > 0 && d.meta.NumDelivered >= uint64(c.maxDeliver)
+	for attempt := uint64(1); ; attempt++ {
+		_, err := c.js.PublishMsg(ctx, dlq)
+		if errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) && dlq.Data != nil {
+			dlq.Header.Set(HeaderDLQBodyDropped, strconv.Itoa(len(dlq.Data)))
+			dlq.Data = nil
+			_, err = c.js.PublishMsg(ctx, dlq)
+		}
+		if err == nil {
+			return true
+		}
+		c.cfg.Observer.Settled(d.ev, OutcomeDeadLetterRefused, d.meta.NumDelivered)
+		c.eventLogger(d).ErrorContext(ctx, "dead-lettering refused; retrying",
+			"stream_seq", d.meta.Sequence.Stream, "deliveries", d.meta.NumDelivered, "last_delivery", last, "err", err)
+		if !last {
+			if err := d.msg.NakWithDelay(nakDelay(c.cfg.NakDelay, d.meta.NumDelivered)); err != nil {
+				c.logger.WarnContext(ctx, "nak failed; the message will be redelivered after the ack wait",
+					"stream_seq", d.meta.Sequence.Stream, "err", err)
+			}
+			return false
+		}
+		_ = d.msg.InProgress()
+		select {
+		case <-c.stopping:
+			c.eventLogger(d).ErrorContext(ctx, "stopped holding a dead letter the DLQ refused: past MaxDeliver, the broker will not redeliver it",
+				"stream", d.meta.Stream, "stream_seq", d.meta.Sequence.Stream)
+			return false
+		case <-time.After(min(nakDelay(c.cfg.NakDelay, attempt), maxHoldWait)):
+		}
 	}
 }

@@ -76,9 +76,15 @@ const (
 	defaultMaxBytes    = 256 << 20 // per stream; the demo's store holds 1 GiB
 	defaultDLQMaxBytes = 64 << 20
 	defaultMaxMsgSize  = 1 << 20 // NATS's default max_payload
-	defaultMaxAckPend  = 1000
-	defaultReplicas    = 1
-	defaultStorageType = jetstream.FileStorage
+	// A dead letter's budget: entries per durable, and bytes per entry
+	// (events here are a few KiB; the inbox drops a larger body from the
+	// entry, the original keeps it).
+	defaultDLQPerConsumer = 1000
+	defaultDLQMaxMsgSize  = 16 << 10
+	dlqEntryOverhead      = 1 << 10
+	defaultMaxAckPend     = 1000
+	defaultReplicas       = 1
+	defaultStorageType    = jetstream.FileStorage
 )
 
 // Config is what differs between deployments, read by `onceflow provision`
@@ -90,12 +96,22 @@ type Config struct {
 	MaxAge          time.Duration         `env:"STREAM_MAX_AGE"`          // default 72h; the inbox retention must exceed it
 	DLQMaxAge       time.Duration         `env:"DLQ_MAX_AGE"`             // default 30 days
 	// MaxBytes bounds each event stream (default 256 MiB) and DLQMaxBytes
-	// the DLQ (default 64 MiB): a full stream refuses publishes, which the
-	// outbox relays retry, instead of filling the server's store.
+	// the DLQ_ACTIONS stream (default 64 MiB): a full stream refuses
+	// publishes, which the outbox relays retry, instead of filling the
+	// server's store. The DLQ's bound is its durables' budgets.
 	MaxBytes    int64 `env:"STREAM_MAX_BYTES"`
 	DLQMaxBytes int64 `env:"DLQ_MAX_BYTES"`
 	// MaxMsgSize bounds one message on every stream; default 1 MiB.
 	MaxMsgSize int32 `env:"STREAM_MAX_MSG_SIZE"`
+	// DLQMaxPerConsumer is each durable's budget in the DLQ: the entries
+	// its subject dlq.<durable> may hold (default 1000); past it the DLQ
+	// refuses that durable's dead letters (the inbox retries them) and no
+	// other's. DLQMaxMsgSize bounds an entry (default 16 KiB). The DLQ's
+	// MaxBytes is the sum of every durable's budget, so that no durable
+	// spends another's; DLQMaxBytes, when set, bounds the DLQ_ACTIONS
+	// stream only.
+	DLQMaxPerConsumer int64 `env:"DLQ_MAX_PER_CONSUMER"`
+	DLQMaxMsgSize     int32 `env:"DLQ_MAX_MSG_SIZE"`
 	// DLQActionsMaxAge is how long the record of replays and discards is
 	// kept; default a year.
 	DLQActionsMaxAge time.Duration `env:"DLQ_ACTIONS_MAX_AGE"`
@@ -136,6 +152,13 @@ type Stream struct {
 	Owner    string
 	MaxAge   time.Duration
 	MaxBytes int64
+	// MaxMsgSize, when set, bounds a message of this stream instead of
+	// Config.MaxMsgSize.
+	MaxMsgSize int32
+	// MaxMsgsPerSubject, when set, is each subject's budget: a publish
+	// past it is refused (discard new per subject), not an older message
+	// dropped.
+	MaxMsgsPerSubject int64
 }
 
 // Consumer is one durable pull consumer: one per (service, subscription).
@@ -213,11 +236,13 @@ func Provision(ctx context.Context, js jetstream.JetStream, t Topology) error {
 			Duplicates: cmp.Or(cfg.DuplicateWindow, defaultDupWindow),
 			MaxAge:     cmp.Or(s.MaxAge, cfg.MaxAge, defaultMaxAge),
 			MaxBytes:   cmp.Or(s.MaxBytes, cfg.MaxBytes, defaultMaxBytes),
-			MaxMsgSize: cmp.Or(cfg.MaxMsgSize, defaultMaxMsgSize),
+			MaxMsgSize: cmp.Or(s.MaxMsgSize, cfg.MaxMsgSize, defaultMaxMsgSize),
 			Retention:  jetstream.LimitsPolicy,
 			// A full stream refuses what comes (the outbox relays retry)
 			// rather than dropping its oldest events unconsumed.
-			Discard: jetstream.DiscardNew,
+			Discard:              jetstream.DiscardNew,
+			MaxMsgsPerSubject:    s.MaxMsgsPerSubject,
+			DiscardNewPerSubject: s.MaxMsgsPerSubject > 0,
 			// The outbox relays publish large batches atomically: one
 			// fsync per batch under sync_interval: always (nats-server
 			// 2.12+).
@@ -261,11 +286,18 @@ func Provision(ctx context.Context, js jetstream.JetStream, t Topology) error {
 // AllStreams returns the DLQ and DLQ actions streams and t's streams:
 // every stream Provision creates.
 func (t Topology) AllStreams() []Stream {
+	perConsumer := cmp.Or(t.Config.DLQMaxPerConsumer, defaultDLQPerConsumer)
+	msgSize := cmp.Or(t.Config.DLQMaxMsgSize, defaultDLQMaxMsgSize)
 	return append([]Stream{{
 		Name:     DLQ,
 		Subjects: []string{DLQSubjectPrefix + ">"},
 		MaxAge:   cmp.Or(t.Config.DLQMaxAge, defaultDLQMaxAge),
-		MaxBytes: cmp.Or(t.Config.DLQMaxBytes, defaultDLQMaxBytes),
+		// Every durable's budget, whole, with the store's overhead per
+		// message (its subject, a hash, a record header): one durable's
+		// entries cannot crowd out another's.
+		MaxBytes:          int64(max(len(t.Consumers), 1)) * perConsumer * (int64(msgSize) + dlqEntryOverhead),
+		MaxMsgSize:        msgSize,
+		MaxMsgsPerSubject: perConsumer,
 	}, {
 		Name:     DLQActions,
 		Subjects: []string{DLQActionsSubjectPrefix + ">"},
@@ -297,6 +329,7 @@ func provisionStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.
 		have.Replicas == cfg.Replicas && have.Duplicates == cfg.Duplicates &&
 		have.MaxAge == cfg.MaxAge && have.MaxBytes == cfg.MaxBytes && have.MaxMsgSize == cfg.MaxMsgSize &&
 		have.Retention == cfg.Retention && have.Discard == cfg.Discard &&
+		have.MaxMsgsPerSubject == cfg.MaxMsgsPerSubject && have.DiscardNewPerSubject == cfg.DiscardNewPerSubject &&
 		have.AllowAtomicPublish == cfg.AllowAtomicPublish {
 		return nil
 	}
