@@ -49,6 +49,16 @@ func TestProvisionIsIdempotent(t *testing.T) {
 		require.Positive(t, cfg.MaxDeliver, c.Durable)
 		require.Equal(t, c.Durable, cfg.Durable)
 	}
+	// The DLQ: a budget per durable, all of which it has room for.
+	s, err := js.Stream(ctx, streams.DLQ)
+	require.NoError(t, err)
+	dlqCfg := s.CachedInfo().Config
+	require.Equal(t, int64(1000), dlqCfg.MaxMsgsPerSubject)
+	require.True(t, dlqCfg.DiscardNewPerSubject)
+	require.Equal(t, jetstream.DiscardNew, dlqCfg.Discard)
+	require.Equal(t, int32(16<<10), dlqCfg.MaxMsgSize)
+	require.GreaterOrEqual(t, dlqCfg.MaxBytes, int64(len(topology.Consumers))*dlqCfg.MaxMsgsPerSubject*int64(dlqCfg.MaxMsgSize))
+
 	placed, err := js.Consumer(ctx, streams.Orders, streams.PaymentOrders)
 	require.NoError(t, err)
 	pending, err := placed.Info(ctx)
