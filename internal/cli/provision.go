@@ -31,7 +31,9 @@ durables. Running it again changes nothing; it retries until --wait has
 passed while NATS is unreachable or its JetStream not ready.
 
 Stream settings: STREAM_REPLICAS, STREAM_MAX_AGE, STREAM_DUPLICATE_WINDOW,
-STREAM_MAX_BYTES, STREAM_MAX_MSG_SIZE, DLQ_MAX_AGE, DLQ_MAX_BYTES.`)
+STREAM_MAX_BYTES, STREAM_MAX_MSG_SIZE, DLQ_MAX_AGE, DLQ_MAX_PER_CONSUMER
+(each durable's budget of DLQ entries), DLQ_MAX_MSG_SIZE (an entry's),
+DLQ_MAX_BYTES (the DLQ_ACTIONS stream's).`)
 	wait := fs.Duration("wait", time.Minute, "retry for at most this long")
 	if err := parse(fs, args, inv.stdout); err != nil {
 		return helped(err)

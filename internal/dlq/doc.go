@@ -7,11 +7,21 @@
 // (inbox.HeaderDLQ*): why it gave up, which durable, where the original is
 // stored, how often it was delivered.
 //
-// A replay publishes the original event again, with the same CloudEvents
-// headers (so the same event id and type) and body, on the replay subject
-// of the durable that gave up (streams.ReplaySubject): only that durable
-// receives it, and its inbox drops it as a duplicate if the event was
-// processed after all. Its Nats-Msg-Id is the replay's own, so the broker's
+// An entry is only what its writer says: any holder of a durable's
+// credentials may write on its DLQ subject. So an entry's consumer is its
+// DLQ subject's, and each entry is checked (verify.go): it is unreplayable
+// when its headers disagree with that durable or the topology, or its
+// original would fail the inbox's owner check (inbox.CheckOwner), and
+// unverified when its original, re-read from its stream at the sequence it
+// names, is gone, never was, or is another event.
+//
+// A replay publishes the original message, re-read from its stream, never
+// the entry's copy (unless forced, for an unverified entry), with the same
+// CloudEvents headers (so the same event id and type) and body, on the
+// replay subject of the durable that gave up (streams.ReplaySubject): only
+// that durable receives it, and its inbox drops it as a duplicate if the
+// event was processed after all. It carries no Onceflow-Replay-* header
+// but those of the operator's own options. Its Nats-Msg-Id is the replay's own, so the broker's
 // dedup does not drop it as the original. A replay is refused when the
 // event is older than that consumer's inbox retention (read from the
 // durable's metadata, see streams.MetadataInboxRetention): its

@@ -35,7 +35,11 @@
 //     own, whichever is earlier) — is copied to the DLQ stream
 //     ("dlq.<durable>", with the reason in a header) and terminated. A
 //     message is terminated only after its copy was stored; if the copy
-//     fails, the message is redelivered instead.
+//     is refused (NATS fails, or the durable's budget in the DLQ is spent)
+//     it is logged, counted (OutcomeDeadLetterRefused) and the message
+//     redelivered instead, or, on its last delivery, held and the copy
+//     retried until stored. A body too large for the DLQ is left out of
+//     the copy (HeaderDLQBodyDropped): the original keeps it.
 //   - One bad message never stops the consumer, and fails only itself.
 //
 // With Config.Batched, a batch shares one transaction: its events are

@@ -9,7 +9,8 @@ const (
 	Provisioner = "provisioner"
 	// Operator reads the streams and consumers (onceflow audit, onceflow
 	// dlq), may pause them, replays dead letters on their replay subjects
-	// and records what it did with them; it publishes no event of its own.
+	// and records what it did with them; it publishes no event of its own
+	// and may not create, delete or pull from the services' durables.
 	Operator = "operator"
 )
 
