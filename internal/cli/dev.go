@@ -275,12 +275,13 @@ func printTokens(w io.Writer, e *dev.Env) {
 	fmt.Fprintf(w, "  export OPERATOR_SECRET=%s\n", e.Issuer.OperatorSecret())
 }
 
-// loopback reports whether host is a loopback address or name.
+// loopback reports whether host is a loopback address or name (or empty:
+// dev's default, 127.0.0.1).
 func loopback(host string) bool {
 	if ip := net.ParseIP(host); ip != nil {
 		return ip.IsLoopback()
 	}
-	return host == "localhost"
+	return host == "localhost" || host == ""
 }
 
 // printSeeded says what Seed wrote and how to place an order.

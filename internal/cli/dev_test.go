@@ -124,3 +124,14 @@ func requireAdminTokenForThePrintedSecret(t *testing.T, out string) {
 	require.Equal(t, http.StatusOK, token(admin, secret[1]))
 	require.Equal(t, http.StatusOK, token(url.Values{"sub": {"carol"}, "email": {"carol@example.com"}}, ""))
 }
+
+// onceflow dev warns unless it listens on a loopback address only.
+func TestLoopback(t *testing.T) {
+	t.Parallel()
+	for host, want := range map[string]bool{
+		"127.0.0.1": true, "127.0.0.2": true, "::1": true, "localhost": true, "": true,
+		"0.0.0.0": false, "::": false, "192.168.1.5": false, "example.com": false,
+	} {
+		require.Equal(t, want, loopback(host), host)
+	}
+}
