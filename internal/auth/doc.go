@@ -13,6 +13,8 @@
 //
 // Issuer is the dev identity provider behind `onceflow dev` and `onceflow
 // issuer`: a signing key made at start, its JWKS, and a token endpoint that
-// signs whatever subject and role it is asked for. It is for development
-// and tests only: anyone who reaches it is anyone they like.
+// signs whatever customer it is asked for, and an operator (role admin)
+// only for a caller that presents the run's operator secret; the endpoint
+// answers only its own host names (DNS rebinding). It is for development
+// and tests only: anyone who reaches it is any customer they like.
 package auth
