@@ -37,7 +37,7 @@ func TestBatchUpdatesProbeTheirKeysWhenPlannedOnAnEmptyTable(t *testing.T) {
 	// batch handler sends, false for those planned per call as PostgreSQL
 	// chooses (a statement added here must be placed in one or the other).
 	updates := map[string]map[string]bool{
-		"order":     {"SetOrderStatuses": true},
+		"order":     {"SetOrderStatuses": true, "MarkLate": true},
 		"payment":   {"DebitWallets": true},
 		"inventory": {"DecrementStock": true},
 		// The mailer's, after a failed delivery.
@@ -155,4 +155,53 @@ func genericPlan(t *testing.T, pool *pgxpool.Pool, sql string) string {
 	}
 	require.NoError(t, rows.Err())
 	return plan.String()
+}
+
+// TestTheExpirerReadsTheOpenOrdersDeadlines plans the expirer's queries and
+// requires that the partial index of the open orders' deadlines can serve
+// them, in deadline order, without the orders table whole: the expirer runs
+// every second, and the terminal orders, nearly all of them, are not in that
+// index. Sequential scans, bitmap scans and sorts are disabled so that the
+// plan says whether the index can serve the query (a predicate that does not
+// imply the index's makes it unusable), whatever the planner thinks of an
+// empty table.
+func TestTheExpirerReadsTheOpenOrdersDeadlines(t *testing.T) {
+	t.Parallel()
+	pool := testenv.NewServiceDatabase(t, "order").Pool
+	ctx := t.Context()
+	// Each query's WHERE clause, as db/queries/order/orders.sql has it
+	// (the test checks), with constants for its parameters.
+	for name, where := range map[string]string{
+		"ClaimDueOrders": `WHERE status IN ('PENDING', 'PAID') AND deadline <= @now::timestamptz`,
+		"NextDeadline":   `WHERE status IN ('PENDING', 'PAID') AND deadline IS NOT NULL`,
+	} {
+		require.Contains(t, queryText(t, name), where, "the test's copy of %s is stale", name)
+		sql := `SELECT id FROM orders ` + strings.ReplaceAll(where, "@now", "now()") + ` ORDER BY deadline LIMIT 100`
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, `SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_sort = off`)
+		require.NoError(t, err)
+		var plan strings.Builder
+		rows, err := tx.Query(ctx, `EXPLAIN (COSTS OFF) `+sql)
+		require.NoError(t, err)
+		for rows.Next() {
+			var line string
+			require.NoError(t, rows.Scan(&line))
+			plan.WriteString(line + "\n")
+		}
+		require.NoError(t, rows.Err())
+		require.NoError(t, tx.Rollback(ctx))
+		require.Contains(t, plan.String(), "orders_deadline_idx", "%s does not read the deadlines' index:\n%s", name, plan.String())
+	}
+}
+
+// queryText is the text of the query name in db/queries/order.
+func queryText(t *testing.T, name string) string {
+	t.Helper()
+	text, err := os.ReadFile(filepath.Join("queries", "order", "orders.sql"))
+	require.NoError(t, err)
+	_, after, ok := strings.Cut(string(text), "-- name: "+name+" ")
+	require.True(t, ok, "no query %s", name)
+	body, _, _ := strings.Cut(after, "-- name: ")
+	return body
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -171,6 +172,27 @@ type OrderCancelledV1 struct {
 
 // Validate checks the order.
 func (p OrderCancelledV1) Validate() error { return p.Order.Validate() }
+
+// OrderExpiredV1 is the payload of OrderExpired: the order was not terminal
+// at its deadline. Status is the one it had then (PENDING or PAID), and
+// TotalCents what payment may have debited for it.
+type OrderExpiredV1 struct {
+	Order
+	Deadline   time.Time `json:"deadline"`
+	Status     string    `json:"status"`
+	TotalCents int64     `json:"total_cents"`
+}
+
+// Validate checks the order, the deadline and the total.
+func (p OrderExpiredV1) Validate() error {
+	switch {
+	case p.Deadline.IsZero():
+		return errors.New("missing deadline")
+	case p.TotalCents < 0:
+		return errors.New("negative total_cents")
+	}
+	return p.Order.Validate()
+}
 
 func validateAmount(o Order, lines Lines, amount int64) error {
 	if err := o.Validate(); err != nil {

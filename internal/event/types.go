@@ -7,10 +7,13 @@ type Type string
 
 // The event types of the order saga.
 const (
-	OrderPlaced     Type = "onceflow.order.placed.v1"
-	OrderConfirmed  Type = "onceflow.order.confirmed.v1"
-	OrderRejected   Type = "onceflow.order.rejected.v1"
-	OrderCancelled  Type = "onceflow.order.cancelled.v1"
+	OrderPlaced    Type = "onceflow.order.placed.v1"
+	OrderConfirmed Type = "onceflow.order.confirmed.v1"
+	OrderRejected  Type = "onceflow.order.rejected.v1"
+	OrderCancelled Type = "onceflow.order.cancelled.v1"
+	// OrderExpired ends an order that was not terminal at its deadline;
+	// payment and inventory compensate what they did for it.
+	OrderExpired    Type = "onceflow.order.expired.v1"
 	PaymentDebited  Type = "onceflow.payment.debited.v1"
 	PaymentRejected Type = "onceflow.payment.rejected.v1"
 	PaymentRefunded Type = "onceflow.payment.refunded.v1"
@@ -21,7 +24,7 @@ const (
 // Types lists every known event type.
 func Types() []Type {
 	return []Type{
-		OrderPlaced, OrderConfirmed, OrderRejected, OrderCancelled,
+		OrderPlaced, OrderConfirmed, OrderRejected, OrderCancelled, OrderExpired,
 		PaymentDebited, PaymentRejected, PaymentRefunded,
 		StockReserved, StockRejected,
 	}
@@ -39,6 +42,8 @@ func (t Type) NATSSubject() (string, error) {
 		return "orders.rejected.v1", nil
 	case OrderCancelled:
 		return "orders.cancelled.v1", nil
+	case OrderExpired:
+		return "orders.expired.v1", nil
 	case PaymentDebited:
 		return "payments.debited.v1", nil
 	case PaymentRejected:

@@ -42,6 +42,8 @@ var extras = map[string]map[string]string{
 		"catalog_test.go": "its tests",
 		"cursor.go":       "the opaque cursor of GET /orders' pages",
 		"auth_test.go":    "the tests of who may do what at order's HTTP edge",
+		"expirer.go":      "the expirer that ends the orders past their deadline (ORDER_DEADLINE) with OrderExpired",
+		"expirer_test.go": "its tests",
 	},
 	"payment": {
 		"batch.go":      "the set-based form of its OrderPlaced handler (inbox.BatchHandler), an optimisation",

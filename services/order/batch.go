@@ -96,18 +96,26 @@ func (s *Service) HandleBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelo
 	for _, o := range locked {
 		orders[o.ID], status[o.ID] = o, o.Status
 	}
-	var ends []ending
+	var (
+		ends []ending
+		late dbsqlc.MarkLateParams
+	)
 	for i, c := range cs {
 		// An event seen before (or earlier in this batch) changes nothing.
 		if pos, ok := newAt[timelineKey{c.orderID, c.ev.ID}]; !ok || pos != i {
 			continue
+		}
+		if fate := lateFate(status[c.orderID], c.ev.Type); fate != "" {
+			late.OrderIds = append(late.OrderIds, c.orderID)
+			late.EventIds = append(late.EventIds, c.ev.ID)
+			late.Lates = append(late.Lates, fate)
 		}
 		to, ok := nextStatus(status[c.orderID], c.ev.Type)
 		if !ok {
 			continue
 		}
 		status[c.orderID] = to
-		if to == StatusConfirmed || to == StatusRejected || to == StatusCancelled {
+		if terminal(to) {
 			ends = append(ends, ending{pos: i, to: to})
 		}
 	}
@@ -119,6 +127,11 @@ func (s *Service) HandleBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelo
 	// The writes need no answer from each other: they go with the COMMIT.
 	if err := s.setStatuses(ctx, writes, locked, status); err != nil {
 		return err
+	}
+	if len(late.EventIds) > 0 {
+		if err := s.queries.MarkLate(ctx, writes, late); err != nil {
+			return fmt.Errorf("record the fates of %d late events: %w", len(late.EventIds), err)
+		}
 	}
 	return s.emitTerminals(ctx, writes, cs, orders, ends, reasons)
 }

@@ -28,7 +28,7 @@ import (
 // updated_at (whether it moved is compared).
 var effectQueries = []string{
 	`SELECT id, status, updated_at > created_at FROM orders ORDER BY id`,
-	`SELECT order_id, event_id, event_type, at, reason FROM order_timeline
+	`SELECT order_id, event_id, event_type, at, reason, late FROM order_timeline
 	 WHERE event_type NOT LIKE 'onceflow.order.%' ORDER BY order_id, event_id`,
 	// The emitted events are in the timeline under their own ids and times.
 	`SELECT t.order_id, t.event_type, t.reason, t.at = o.event_time FROM order_timeline t LEFT JOIN outbox o USING (event_id)
@@ -118,7 +118,12 @@ func earlier(ev event.Envelope, d time.Duration) event.Envelope {
 func TestBatchScenarios(t *testing.T) {
 	t.Parallel()
 	ref, set := newDatabase(t), newDatabase(t)
-	s := seedOrders(t, 10, ref, set)
+	s := seedOrders(t, 12, ref, set)
+	// o10 and o11 expired before the batches: every reply to them is late.
+	for _, pool := range []*pgxpool.Pool{ref, set} {
+		_, err := pool.Exec(t.Context(), `UPDATE orders SET status = 'EXPIRED' WHERE id = ANY ($1)`, []uuid.UUID{s[10].o.ID, s[11].o.ID})
+		require.NoError(t, err)
+	}
 
 	// o3 has a stock refusal in its timeline before the batch, and one in
 	// the batch that happened earlier still: the refund takes the earlier's
@@ -140,6 +145,7 @@ func TestBatchScenarios(t *testing.T) {
 			o8Debited, o8Debited, // the same event twice: one effect
 			s[9].debited(), s[9].refunded(), // a refusal without a reason
 			s[0].stockRejected("waits for its refund"),
+			s[10].debited(), s[10].reserved(), s[11].paymentRejected("after expiry"),
 		},
 		{
 			// Duplicates of the events that made orders terminal, under new
@@ -149,6 +155,7 @@ func TestBatchScenarios(t *testing.T) {
 			// Events for terminal orders.
 			s[1].refunded(), s[2].reserved(), s[3].stockRejected("late"), s[6].debited(), s[7].refunded(),
 			s[8].reserved(), s[8].paymentRejected("too late"),
+			s[11].debited(), s[11].stockRejected("after expiry"),
 		},
 	}
 	requireBatchEqualsEventByEvent(t, ref, set, batches)
@@ -157,6 +164,7 @@ func TestBatchScenarios(t *testing.T) {
 	for i, st := range []string{
 		order.StatusPending, order.StatusConfirmed, order.StatusCancelled, order.StatusCancelled, order.StatusCancelled,
 		order.StatusCancelled, order.StatusRejected, order.StatusRejected, order.StatusConfirmed, order.StatusCancelled,
+		order.StatusExpired, order.StatusExpired,
 	} {
 		want[s[i].o.ID] = st
 	}
@@ -170,6 +178,23 @@ func TestBatchScenarios(t *testing.T) {
 		reasons = append(reasons, row[0].(string))
 	}
 	require.Equal(t, []string{order.ReasonPaymentRefunded, "no pears, early", "no apples", order.ReasonPaymentRefunded, order.ReasonPaymentRefunded}, reasons)
+
+	// The fates of the late replies (docs/saga.md).
+	fates := map[string]string{}
+	for _, row := range apptest.Rows(t, set, `SELECT t.order_id, t.event_type, t.late FROM order_timeline t
+		WHERE t.order_id = ANY ('{`+s[10].o.ID.String()+`,`+s[11].o.ID.String()+`}') OR (t.order_id = '`+s[5].o.ID.String()+`' AND t.event_type = '`+string(event.StockRejected)+`')`) {
+		fates[fmt.Sprint(row[0], " ", row[1])] = row[2].(string)
+	}
+	fate := func(i int, typ event.Type) string { return fmt.Sprint(s[i].o.ID, " ", typ) }
+	require.Equal(t, map[string]string{
+		fate(10, event.PaymentDebited):  order.LateRefunded,
+		fate(10, event.StockReserved):   order.LateReleased,
+		fate(11, event.PaymentRejected): order.LateUnchanged,
+		fate(11, event.PaymentDebited):  order.LateRefunded,
+		fate(11, event.StockRejected):   order.LateUnchanged,
+		// Cancelled by its refund earlier in the same batch.
+		fate(5, event.StockRejected): order.LateUnchanged,
+	}, fates)
 }
 
 // TestBatchEqualsEventByEvent runs random interleavings of sagas, with

@@ -3,6 +3,7 @@ package order
 import (
 	"cmp"
 	"fmt"
+	"time"
 
 	"github.com/caarlos0/env/v11"
 	"github.com/labstack/echo/v4"
@@ -30,6 +31,15 @@ type Config struct {
 	// limit. Each replica counts its own.
 	OrdersPerSecond float64 `env:"ORDER_RATE_LIMIT" envDefault:"100"`
 	OrdersBurst     int     `env:"ORDER_RATE_BURST" envDefault:"200"`
+
+	// Deadline is how long the saga has to finish an order once placed;
+	// past it, the expirer ends the order EXPIRED and payment and inventory
+	// compensate (docs/saga.md). Zero takes DefaultDeadline.
+	Deadline time.Duration `env:"ORDER_DEADLINE" envDefault:"15m"`
+	// ExpiryInterval is the longest the expirer sleeps between two looks
+	// for due orders; it wakes sooner for the earliest deadline it knows.
+	// Zero takes DefaultExpiryInterval.
+	ExpiryInterval time.Duration `env:"ORDER_EXPIRY_INTERVAL" envDefault:"1s"`
 }
 
 // Defaults of the per-caller limit on POST /orders.

@@ -15,6 +15,14 @@
 // event is recorded once in the order's timeline, whether or not it changed
 // the status.
 //
+// Every order carries a deadline, placement time plus ORDER_DEADLINE,
+// stored with it. The Expirer (expirer.go) ends an order still PENDING or
+// PAID past it: EXPIRED and an OrderExpired in the outbox, in one
+// transaction, once, however many replicas run it. A reply that finds its
+// order terminal is recorded in the timeline as late, with its fate
+// (docs/saga.md): a debit after expiry is refunded and a reservation
+// released by the participants' OrderExpired handlers; nothing else changes.
+//
 // Read order.go first: its handlers are the pattern, one event on the
 // inbox's transaction. batch.go is an optional optimisation, to read last:
 // the set-based forms of its subscriptions' handlers (inbox.BatchHandler),

@@ -54,6 +54,9 @@ type Order struct {
 	Timeline  []TimelineEntry `json:"timeline"`
 	CreatedAt time.Time       `json:"created_at"`
 	UpdatedAt time.Time       `json:"updated_at"`
+	// Deadline is when the order expires unless the saga has ended it;
+	// orders placed before deadlines existed have none.
+	Deadline *time.Time `json:"deadline,omitempty"`
 }
 
 // Item is one line of an order.
@@ -68,6 +71,11 @@ type TimelineEntry struct {
 	Type    event.Type `json:"type"`
 	EventID uuid.UUID  `json:"event_id"`
 	At      time.Time  `json:"at"`
+	// Reason is why, for the events that carry one.
+	Reason string `json:"reason,omitempty"`
+	// Late is the fate of a reply that arrived once the order was terminal
+	// (docs/saga.md): "refunded", "released" or "unchanged".
+	Late string `json:"late,omitempty"`
 }
 
 // OrderList is the response of GET /orders: a page of orders, newest
@@ -171,7 +179,9 @@ func (s *Service) placeOrder(customer buyer, lines event.Lines, guess bool) http
 		if err != nil {
 			return 0, nil, err
 		}
+		deadline := ev.Time.Add(s.deadline).Truncate(time.Microsecond)
 		params, items := newOrderRows(id, customer, ev, lines, total)
+		params.Deadline = &deadline
 		// The event in the outbox and the order, its lines and the
 		// OrderPlaced timeline entry in one statement.
 		if err := outbox.Queue(ctx, writes, ev); err != nil {
@@ -193,6 +203,7 @@ func (s *Service) placeOrder(customer buyer, lines event.Lines, guess bool) http
 			Timeline:      []TimelineEntry{{Type: ev.Type, EventID: ev.ID, At: ev.Time}},
 			CreatedAt:     ev.Time.UTC(),
 			UpdatedAt:     ev.Time.UTC(),
+			Deadline:      &deadline,
 		}, nil
 	}
 }
@@ -383,6 +394,10 @@ func orderOf(v dbsqlc.OrderView) (Order, error) {
 	}
 	for i := range o.Timeline {
 		o.Timeline[i].At = o.Timeline[i].At.UTC()
+	}
+	if v.Deadline != nil {
+		d := v.Deadline.UTC()
+		o.Deadline = &d
 	}
 	return o, nil
 }

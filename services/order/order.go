@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -26,6 +27,8 @@ const (
 	StatusConfirmed = "CONFIRMED"
 	StatusRejected  = "REJECTED"
 	StatusCancelled = "CANCELLED"
+	// StatusExpired ends an order the saga did not finish by its deadline.
+	StatusExpired = "EXPIRED"
 )
 
 // Reasons of the terminal events when the event that caused them gave none.
@@ -45,11 +48,13 @@ type Service struct {
 	perCaller echo.MiddlewareFunc
 	// prices are the catalog's, as last read: POST /orders's guesses.
 	prices *knownPrices
+	// deadline is how long a new order has before it expires.
+	deadline time.Duration
 }
 
 // New returns the service on its database.
 func New(pool *pgxpool.Pool) *Service {
-	return &Service{pool: pool, queries: dbsqlc.New(), idem: idempotency.NewStore(pool, 0), prices: newKnownPrices()}
+	return &Service{pool: pool, queries: dbsqlc.New(), idem: idempotency.NewStore(pool, 0), prices: newKnownPrices(), deadline: DefaultDeadline}
 }
 
 // handlePaymentEvent is the handler of the PAYMENTS subscription.
@@ -154,6 +159,42 @@ func nextStatus(from string, typ event.Type) (to string, ok bool) {
 	return "", false
 }
 
+// Fates of a late reply: one that found its order terminal (docs/saga.md).
+const (
+	// LateRefunded is a PaymentDebited after expiry: payment refunds the
+	// debit when it handles the OrderExpired.
+	LateRefunded = "refunded"
+	// LateReleased is a StockReserved after expiry: inventory releases the
+	// reservation when it handles the OrderExpired.
+	LateReleased = "released"
+	// LateUnchanged is every other reply to a terminal order: it changes
+	// nothing, there being nothing to undo.
+	LateUnchanged = "unchanged"
+)
+
+// terminal reports whether status ends the order.
+func terminal(status string) bool {
+	switch status {
+	case StatusConfirmed, StatusRejected, StatusCancelled, StatusExpired:
+		return true
+	}
+	return false
+}
+
+// lateFate is the fate of a reply of type typ to an order in status from,
+// or "" when the order is still open and the reply is on time.
+func lateFate(from string, typ event.Type) string {
+	switch {
+	case !terminal(from):
+		return ""
+	case from == StatusExpired && typ == event.PaymentDebited:
+		return LateRefunded
+	case from == StatusExpired && typ == event.StockReserved:
+		return LateReleased
+	}
+	return LateUnchanged
+}
+
 // apply records ev in the timeline of order orderID and makes the transition
 // ev calls for, emitting the terminal event when the order reaches a
 // terminal state. reason is ev's reason, if it has one.
@@ -171,7 +212,7 @@ func (s *Service) apply(ctx context.Context, tx pgx.Tx, ev event.Envelope, order
 	case err != nil:
 		return fmt.Errorf("lock order %s: %w", orderID, err)
 	}
-	recorded, err := s.record(ctx, tx, o.ID, ev, reason)
+	recorded, err := s.record(ctx, tx, o.ID, ev, reason, lateFate(o.Status, ev.Type))
 	if err != nil {
 		return err
 	}
@@ -206,7 +247,7 @@ func (s *Service) emitTerminal(ctx context.Context, tx pgx.Tx, cause event.Envel
 	if err := outbox.Enqueue(ctx, tx, ev); err != nil {
 		return err
 	}
-	_, err = s.record(ctx, tx, o.ID, ev, reason)
+	_, err = s.record(ctx, tx, o.ID, ev, reason, "")
 	return err
 }
 
@@ -249,15 +290,16 @@ func (s *Service) cancelReason(ctx context.Context, tx pgx.Tx, orderID uuid.UUID
 	return cmp.Or(reason, ReasonPaymentRefunded), nil
 }
 
-// record adds ev to the order's timeline; recorded is false when it was
-// there already.
-func (s *Service) record(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, ev event.Envelope, reason string) (recorded bool, err error) {
+// record adds ev to the order's timeline, with its fate when late;
+// recorded is false when it was there already.
+func (s *Service) record(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, ev event.Envelope, reason, late string) (recorded bool, err error) {
 	n, err := s.queries.RecordTimeline(ctx, tx, dbsqlc.RecordTimelineParams{
 		OrderID:   orderID,
 		EventID:   ev.ID,
 		EventType: string(ev.Type),
 		At:        ev.Time,
 		Reason:    reason,
+		Late:      late,
 	})
 	if err != nil {
 		return false, fmt.Errorf("record %s %s of order %s: %w", ev.Type, ev.ID, orderID, err)

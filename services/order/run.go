@@ -1,6 +1,7 @@
 package order
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -16,10 +17,15 @@ const Name = "order"
 func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	return app.Run(ctx, Name, cfg.Config, logger, func(d app.Deps) (app.Spec, error) {
 		s := New(d.Pool)
+		s.deadline = cmp.Or(cfg.Deadline, DefaultDeadline)
+		expirer := NewExpirer(d.Pool, ExpirerConfig{Interval: cfg.ExpiryInterval}, d.Logger)
 		s.admission = NewAdmission(d.Pool, cfg.MaxOrdersInFlight, d.Logger)
 		s.perCaller = cfg.perCaller()
 		if err := d.Registry.Register(s.admission.Collector()); err != nil {
 			return app.Spec{}, fmt.Errorf("register admission metrics: %w", err)
+		}
+		if err := d.Registry.Register(expirer.Collector()); err != nil {
+			return app.Spec{}, fmt.Errorf("register expirer metrics: %w", err)
 		}
 		return app.Spec{
 			Subscriptions: []app.Subscription{
@@ -28,7 +34,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 			},
 			Routes:     s.Routes,
 			Public:     PublicRoutes(),
-			Background: []func(context.Context) error{s.admission.Run},
+			Background: []func(context.Context) error{s.admission.Run, expirer.Run},
 		}, nil
 	})
 }

@@ -13,4 +13,4 @@ ORDER BY order_id, sku;
 -- Orders not yet in a terminal state; the auditor waits for none.
 SELECT count(*)
 FROM orders
-WHERE status NOT IN ('CONFIRMED', 'REJECTED', 'CANCELLED');
+WHERE status NOT IN ('CONFIRMED', 'REJECTED', 'CANCELLED', 'EXPIRED');

@@ -14,7 +14,7 @@ import (
 const countUnfinishedOrders = `-- name: CountUnfinishedOrders :one
 SELECT count(*)
 FROM orders
-WHERE status NOT IN ('CONFIRMED', 'REJECTED', 'CANCELLED')
+WHERE status NOT IN ('CONFIRMED', 'REJECTED', 'CANCELLED', 'EXPIRED')
 `
 
 // Orders not yet in a terminal state; the auditor waits for none.

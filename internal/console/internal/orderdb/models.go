@@ -3,19 +3,3 @@
 //   sqlc v1.31.1
 
 package orderdb
-
-import (
-	"time"
-
-	"github.com/google/uuid"
-)
-
-type Order struct {
-	ID            uuid.UUID
-	CustomerID    string
-	CustomerEmail string
-	Status        string
-	TotalCents    int64
-	CreatedAt     time.Time
-	UpdatedAt     time.Time
-}

@@ -18,9 +18,19 @@ FROM orders
 WHERE id = $1
 `
 
-func (q *Queries) GetOrder(ctx context.Context, db DBTX, id uuid.UUID) (Order, error) {
+type GetOrderRow struct {
+	ID            uuid.UUID
+	CustomerID    string
+	CustomerEmail string
+	Status        string
+	TotalCents    int64
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
+}
+
+func (q *Queries) GetOrder(ctx context.Context, db DBTX, id uuid.UUID) (GetOrderRow, error) {
 	row := db.QueryRow(ctx, getOrder, id)
-	var i Order
+	var i GetOrderRow
 	err := row.Scan(
 		&i.ID,
 		&i.CustomerID,

@@ -18,6 +18,7 @@ type Order struct {
 	TotalCents    int64
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
+	Deadline      *time.Time
 }
 
 type OrderView struct {
@@ -30,6 +31,7 @@ type OrderView struct {
 	UpdatedAt     time.Time
 	Items         []byte
 	Timeline      []byte
+	Deadline      *time.Time
 }
 
 type Product struct {

@@ -12,6 +12,54 @@ import (
 	"github.com/google/uuid"
 )
 
+const claimDueOrders = `-- name: ClaimDueOrders :many
+SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at, deadline
+FROM orders
+WHERE status IN ('PENDING', 'PAID') AND deadline <= $1::timestamptz
+ORDER BY deadline
+LIMIT $2
+FOR UPDATE SKIP LOCKED
+`
+
+type ClaimDueOrdersParams struct {
+	Now     time.Time
+	MaxRows int32
+}
+
+// Up to max_rows open orders whose deadline has passed, soonest first,
+// locked for the rest of the transaction (orders_deadline_idx). Orders that
+// another transaction holds are skipped, not waited for: an event handler
+// applying a reply, or another replica's expirer; the next round sees them
+// again if they are still open.
+func (q *Queries) ClaimDueOrders(ctx context.Context, db DBTX, arg ClaimDueOrdersParams) ([]Order, error) {
+	rows, err := db.Query(ctx, claimDueOrders, arg.Now, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Order{}
+	for rows.Next() {
+		var i Order
+		if err := rows.Scan(
+			&i.ID,
+			&i.CustomerID,
+			&i.CustomerEmail,
+			&i.Status,
+			&i.TotalCents,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.Deadline,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const countOrdersInFlight = `-- name: CountOrdersInFlight :one
 SELECT count(*) FROM orders
 WHERE status IN ('PENDING', 'PAID')
@@ -26,7 +74,7 @@ func (q *Queries) CountOrdersInFlight(ctx context.Context, db DBTX) (int64, erro
 }
 
 const getOrderView = `-- name: GetOrderView :one
-SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at, items, timeline
+SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at, items, timeline, deadline
 FROM order_views
 WHERE id = $1
 `
@@ -44,21 +92,22 @@ func (q *Queries) GetOrderView(ctx context.Context, db DBTX, id uuid.UUID) (Orde
 		&i.UpdatedAt,
 		&i.Items,
 		&i.Timeline,
+		&i.Deadline,
 	)
 	return i, err
 }
 
 const insertOrderWithLines = `-- name: InsertOrderWithLines :exec
 WITH new_order AS (
-    INSERT INTO orders (id, customer_id, customer_email, status, total_cents, created_at, updated_at)
-    VALUES ($1, $5, $6, 'PENDING', $7, $4, $4)
+    INSERT INTO orders (id, customer_id, customer_email, status, total_cents, created_at, updated_at, deadline)
+    VALUES ($1, $5, $6, 'PENDING', $7, $4, $4, $8)
 ), new_lines AS (
     INSERT INTO order_lines (order_id, line_no, sku, quantity, unit_price_cents)
     SELECT $1,
-        unnest($8::integer[]),
-        unnest($9::text[]),
-        unnest($10::integer[]),
-        unnest($11::bigint[])
+        unnest($9::integer[]),
+        unnest($10::text[]),
+        unnest($11::integer[]),
+        unnest($12::bigint[])
 )
 INSERT INTO order_timeline (order_id, event_id, event_type, at)
 VALUES ($1, $2, $3, $4)
@@ -72,6 +121,7 @@ type InsertOrderWithLinesParams struct {
 	CustomerID      string
 	CustomerEmail   string
 	TotalCents      int64
+	Deadline        *time.Time
 	LineNos         []int32
 	Skus            []string
 	Quantities      []int32
@@ -81,7 +131,8 @@ type InsertOrderWithLinesParams struct {
 // Writes a new order, its lines and the OrderPlaced entry of its timeline in
 // one statement; the line arrays are parallel. The order is created at its
 // OrderPlaced event's time, so that POST /orders can answer without reading
-// the row back and the statement can go with the COMMIT.
+// the row back and the statement can go with the COMMIT. Its deadline is
+// stored with it: past it, the expirer ends the order if the saga has not.
 func (q *Queries) InsertOrderWithLines(ctx context.Context, db DBTX, arg InsertOrderWithLinesParams) error {
 	_, err := db.Exec(ctx, insertOrderWithLines,
 		arg.ID,
@@ -91,6 +142,7 @@ func (q *Queries) InsertOrderWithLines(ctx context.Context, db DBTX, arg InsertO
 		arg.CustomerID,
 		arg.CustomerEmail,
 		arg.TotalCents,
+		arg.Deadline,
 		arg.LineNos,
 		arg.Skus,
 		arg.Quantities,
@@ -100,7 +152,7 @@ func (q *Queries) InsertOrderWithLines(ctx context.Context, db DBTX, arg InsertO
 }
 
 const listCustomerOrderViews = `-- name: ListCustomerOrderViews :many
-SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at, items, timeline
+SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at, items, timeline, deadline
 FROM order_views
 WHERE customer_id = $1
   AND (created_at, id) < ($2::timestamptz, $3::uuid)
@@ -142,6 +194,7 @@ func (q *Queries) ListCustomerOrderViews(ctx context.Context, db DBTX, arg ListC
 			&i.UpdatedAt,
 			&i.Items,
 			&i.Timeline,
+			&i.Deadline,
 		); err != nil {
 			return nil, err
 		}
@@ -154,7 +207,7 @@ func (q *Queries) ListCustomerOrderViews(ctx context.Context, db DBTX, arg ListC
 }
 
 const lockOrder = `-- name: LockOrder :one
-SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
+SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at, deadline
 FROM orders
 WHERE id = $1
 FOR UPDATE
@@ -174,12 +227,13 @@ func (q *Queries) LockOrder(ctx context.Context, db DBTX, id uuid.UUID) (Order, 
 		&i.TotalCents,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Deadline,
 	)
 	return i, err
 }
 
 const lockOrders = `-- name: LockOrders :many
-SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at
+SELECT id, customer_id, customer_email, status, total_cents, created_at, updated_at, deadline
 FROM orders
 WHERE id = ANY ($1::uuid[])
 ORDER BY id
@@ -208,6 +262,7 @@ func (q *Queries) LockOrders(ctx context.Context, db DBTX, ids []uuid.UUID) ([]O
 			&i.TotalCents,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.Deadline,
 		); err != nil {
 			return nil, err
 		}
@@ -217,6 +272,22 @@ func (q *Queries) LockOrders(ctx context.Context, db DBTX, ids []uuid.UUID) ([]O
 		return nil, err
 	}
 	return items, nil
+}
+
+const nextDeadline = `-- name: NextDeadline :one
+SELECT deadline
+FROM orders
+WHERE status IN ('PENDING', 'PAID') AND deadline IS NOT NULL
+ORDER BY deadline
+LIMIT 1
+`
+
+// The earliest deadline of an open order; no row when none has one.
+func (q *Queries) NextDeadline(ctx context.Context, db DBTX) (*time.Time, error) {
+	row := db.QueryRow(ctx, nextDeadline)
+	var deadline *time.Time
+	err := row.Scan(&deadline)
+	return deadline, err
 }
 
 const setOrderStatus = `-- name: SetOrderStatus :exec

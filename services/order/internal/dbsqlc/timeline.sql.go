@@ -105,9 +105,31 @@ func (q *Queries) ListTimelineReasons(ctx context.Context, db DBTX, arg ListTime
 	return items, nil
 }
 
+const markLate = `-- name: MarkLate :exec
+UPDATE order_timeline AS t
+SET late = u.late
+FROM (SELECT unnest($1::uuid[]) AS order_id, unnest($2::uuid[]) AS event_id, unnest($3::text[]) AS late) AS u
+WHERE t.order_id = u.order_id AND t.event_id = u.event_id AND t.order_id = ANY ($1::uuid[])
+`
+
+type MarkLateParams struct {
+	OrderIds []uuid.UUID
+	EventIds []uuid.UUID
+	Lates    []string
+}
+
+// Records the fates of replies that found their orders terminal: the event
+// event_ids[i] of order order_ids[i] is late[i]. The set-based handler
+// decides them after recording the batch's events. The order ids are named
+// twice, as in SetOrderStatuses: = ANY is an index condition in any plan.
+func (q *Queries) MarkLate(ctx context.Context, db DBTX, arg MarkLateParams) error {
+	_, err := db.Exec(ctx, markLate, arg.OrderIds, arg.EventIds, arg.Lates)
+	return err
+}
+
 const recordTimeline = `-- name: RecordTimeline :execrows
-INSERT INTO order_timeline (order_id, event_id, event_type, at, reason)
-VALUES ($1, $2, $3, $4, $5)
+INSERT INTO order_timeline (order_id, event_id, event_type, at, reason, late)
+VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (order_id, event_id) DO NOTHING
 `
 
@@ -117,10 +139,12 @@ type RecordTimelineParams struct {
 	EventType string
 	At        time.Time
 	Reason    string
+	Late      string
 }
 
 // Records an event in the order's timeline unless it is there already: no
-// row affected means the event was seen before.
+// row affected means the event was seen before. late is the fate of a reply
+// that found the order terminal, else empty.
 func (q *Queries) RecordTimeline(ctx context.Context, db DBTX, arg RecordTimelineParams) (int64, error) {
 	result, err := db.Exec(ctx, recordTimeline,
 		arg.OrderID,
@@ -128,6 +152,7 @@ func (q *Queries) RecordTimeline(ctx context.Context, db DBTX, arg RecordTimelin
 		arg.EventType,
 		arg.At,
 		arg.Reason,
+		arg.Late,
 	)
 	if err != nil {
 		return 0, err
@@ -162,7 +187,8 @@ type RecordTimelinesRow struct {
 
 // Records several events in their orders' timelines with one statement, as
 // RecordTimeline does for one; the arrays are parallel. It returns the rows
-// that were new: an event missing from the result was seen before.
+// that were new: an event missing from the result was seen before. Their
+// fates, when late, are decided after (MarkLate).
 func (q *Queries) RecordTimelines(ctx context.Context, db DBTX, arg RecordTimelinesParams) ([]RecordTimelinesRow, error) {
 	rows, err := db.Query(ctx, recordTimelines,
 		arg.OrderIds,
