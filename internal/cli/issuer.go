@@ -52,16 +52,18 @@ Environment:
 	if err != nil {
 		return fmt.Errorf("issuer config: %w", err)
 	}
-	if cfg.Issuer == "" {
-		cfg.Issuer = "http://" + cfg.Addr
-	}
-	iss, err := auth.NewIssuer(ctx, cfg.IssuerConfig)
-	if err != nil {
-		return err
-	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("issuer: listen on %s: %w", cfg.Addr, err)
+	}
+	if cfg.Issuer == "" {
+		// The address listened on: its port, when ISSUER_ADDR's is 0.
+		cfg.Issuer = "http://" + ln.Addr().String()
+	}
+	iss, err := auth.NewIssuer(ctx, cfg.IssuerConfig)
+	if err != nil {
+		ln.Close()
+		return err
 	}
 	inv.logger.InfoContext(ctx, "dev token issuer started", "addr", ln.Addr().String(), "iss", cfg.Issuer, "aud", cfg.Audience,
 		"operator_secret", iss.OperatorSecret())
