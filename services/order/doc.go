@@ -2,7 +2,11 @@
 //
 // POST /orders writes the order (PENDING), its lines and an OrderPlaced
 // outbox row in one transaction, under the request's Idempotency-Key, so a
-// retried request places the order once. The payment and stock events then
+// retried request places the order once. The order's e-mails go to the
+// token's verified e-mail only: customer_email may repeat it or be left
+// out, any other address is a 422 (see recipient in http.go). Each caller
+// may place ORDER_RATE_LIMIT orders a second (ORDER_RATE_BURST at once);
+// more are a 429 with Retry-After. The payment and stock events then
 // move it to PAID, CONFIRMED, REJECTED or CANCELLED; on reaching a terminal
 // state it emits OrderConfirmed, OrderRejected or OrderCancelled in the same
 // transaction.
