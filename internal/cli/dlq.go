@@ -200,7 +200,7 @@ and what was done with it.`)
 
 // checkOf is what the check of e found, in a word: "verified" (its
 // original was re-read), "unverified" (replayed only with --force) or
-// "unreplayable".
+// "unreplayable" (not verifiable either, and refused even forced).
 func checkOf(e dlq.Entry) string {
 	switch {
 	case e.Unreplayable != "":
@@ -215,7 +215,7 @@ func checkOf(e dlq.Entry) string {
 func checkDetail(e dlq.Entry) string {
 	switch {
 	case e.Unreplayable != "":
-		return "unreplayable: " + e.Unreplayable
+		return "not verifiable and unreplayable, even with --force: " + e.Unreplayable
 	case e.Unverified != "":
 		return "not verifiable: " + e.Unverified + " (a replay needs --force and publishes the entry's own copy)"
 	}

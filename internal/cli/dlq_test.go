@@ -111,6 +111,20 @@ func TestDLQCommands(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, stdout, "forced: the entry's own copy")
 
+	// One written on notify's DLQ subject naming inventory-payments: not
+	// replayed, even forced.
+	forged := strconv.FormatUint(dlqtest.Write(t, js, streams.NotifyOrders,
+		dlqtest.Headers(msg, streams.Payments, 1, streams.InventoryPayments, "forged"), msg.Data), 10)
+	stdout, _, err = run(t, "dlq", "list", "--consumer", streams.NotifyOrders)
+	require.NoError(t, err)
+	require.Regexp(t, forged+` .* notify-orders .* open +unreplayable +forged`, stdout)
+	stdout, _, err = run(t, "dlq", "show", forged)
+	require.NoError(t, err)
+	require.Contains(t, stdout, `not verifiable and unreplayable, even with --force: it was written on dlq.notify-orders, but its Onceflow-Dlq-Consumer header names "inventory-payments"`)
+	stdout, _, err = run(t, "dlq", "replay", forged, "--force")
+	require.Error(t, err)
+	require.Contains(t, stdout, "unreplayable")
+
 	third := dlqtest.DeadLetter(t, js, debited(t, time.Now()), streams.Payments, streams.InventoryPayments, "bad")
 	_, _, err = run(t, "dlq", "discard", strconv.FormatUint(third, 10))
 	require.ErrorContains(t, err, "--reason is required")

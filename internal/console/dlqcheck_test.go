@@ -53,7 +53,7 @@ func TestConsoleShowsWhichDeadLettersAreVerified(t *testing.T) {
 	require.Contains(t, textOf(t, ctx, "#dlq"), "unverified")
 
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(fmt.Sprintf("%s/dlq/%d", s.console, forged))))
-	awaitText(t, ctx, "#check", `Unreplayable: it was written on dlq.notify-orders, but its Onceflow-Dlq-Consumer header names "payment-orders"`)
+	awaitText(t, ctx, "#check", `Not verifiable, and unreplayable: it was written on dlq.notify-orders, but its Onceflow-Dlq-Consumer header names "payment-orders"`)
 	buttons, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#replay").length`))
 	require.NoError(t, err)
 	require.Zero(t, buttons, "no Replay for an unreplayable entry")

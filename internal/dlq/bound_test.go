@@ -212,7 +212,7 @@ func TestAForgedDeadLetterChangesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, streams.NotifyOrders, entry.Consumer, "the entry's consumer is its DLQ subject's")
 	require.Contains(t, entry.Unreplayable, `names "payment-orders"`)
-	require.False(t, entry.Verified())
+	require.False(t, entry.Verified)
 	page, err := e.store.List(ctx, dlq.Filter{})
 	require.NoError(t, err)
 	require.Len(t, page.Entries, 3)
@@ -277,7 +277,7 @@ func TestAReplayRereadsTheOriginal(t *testing.T) {
 		entry = page.Entries[0]
 		return true
 	}, waitFor, tick)
-	require.True(t, entry.Verified(), "%+v", entry)
+	require.True(t, entry.Verified, "%+v", entry)
 	require.Equal(t, seq, entry.StreamSeq)
 
 	tampered := orderPlaced(t, "alice", 4000)
@@ -286,7 +286,7 @@ func TestAReplayRereadsTheOriginal(t *testing.T) {
 		nats.Header{dlq.HeaderReplayPastRetention: []string{"true"}})
 	shown, err := e.store.Get(ctx, id)
 	require.NoError(t, err)
-	require.True(t, shown.Verified(), "the original is there, with the entry's event id: %+v", shown)
+	require.True(t, shown.Verified, "the original is there, with the entry's event id: %+v", shown)
 
 	e.setPoison(ev.ID, false) // the fix is deployed
 	a, err := e.store.Replay(ctx, id, dlq.ReplayOptions{By: "ops"})
@@ -403,7 +403,7 @@ func TestABodyTooLargeForTheDLQStaysInItsStream(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, entry.Data)
 	require.Equal(t, strconv.Itoa(len(ev.Data)), entry.Headers.Get(inbox.HeaderDLQBodyDropped))
-	require.True(t, entry.Verified(), "%+v", entry)
+	require.True(t, entry.Verified, "%+v", entry)
 
 	e.setPoison(ev.ID, false)
 	_, err = e.store.Replay(ctx, id, dlq.ReplayOptions{By: "ops"})

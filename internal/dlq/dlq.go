@@ -104,11 +104,11 @@ type Entry struct {
 	// sequence named, or holds another event there. Such an entry is
 	// replayed only when forced, from its own copy.
 	Unverified string `json:"unverified,omitempty"`
+	// Verified is true when neither is said: the entry's original was
+	// re-read from its stream, is its event and passes the owner check, so
+	// a replay publishes it.
+	Verified bool `json:"verified"`
 }
-
-// Verified reports whether e can be replayed as it is: its original was
-// re-read from its stream and is e's event.
-func (e Entry) Verified() bool { return e.Unreplayable == "" && e.Unverified == "" }
 
 // Status is the entry's last action's kind, or Open.
 func (e Entry) Status() Status {

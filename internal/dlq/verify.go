@@ -21,7 +21,7 @@ import (
 // message when it could be re-read and matches the entry. A non-nil error
 // is NATS failing to answer, not a verdict.
 func (v *verifier) check(ctx context.Context, e *Entry) (*jetstream.RawStreamMsg, error) {
-	e.Unreplayable, e.Unverified = v.binding(*e), ""
+	e.Unreplayable, e.Unverified, e.Verified = v.binding(*e), "", false
 	if e.Unreplayable != "" {
 		return nil, nil
 	}
@@ -39,6 +39,7 @@ func (v *verifier) check(ctx context.Context, e *Entry) (*jetstream.RawStreamMsg
 		e.Unreplayable = fmt.Sprintf("its original fails the inbox's checks: %v", err)
 		return nil, nil
 	}
+	e.Verified = true
 	return orig, nil
 }
 
