@@ -1,0 +1,309 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/onceflow/onceflow/db"
+	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/inbox"
+	"github.com/onceflow/onceflow/internal/postgres"
+	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/internal/testenv"
+)
+
+// The consumers' settings in the kit: short, so that a redelivery after a
+// dropped ack, a retry and a dead letter come within seconds.
+const (
+	ackWait    = 2 * time.Second
+	maxDeliver = 4
+	nakDelay   = 50 * time.Millisecond
+)
+
+// world is one property run's database, NATS server and service.
+type world struct {
+	env      Env
+	nats     *testenv.NATS
+	topology streams.Topology
+	subs     []Subscription
+	logger   *slog.Logger
+}
+
+// newWorld migrates a database for svc, starts a NATS server with the
+// saga's streams and svc's durables, and builds svc on them.
+func newWorld(t *testing.T, svc Service) *world {
+	t.Helper()
+	platform, err := db.Migrations(db.Platform)
+	if err != nil {
+		t.Fatalf("conformance: %v", err)
+	}
+	schema := postgres.Schema{{Name: db.Platform, FS: platform}}
+	if svc.Migrations != nil {
+		schema = append(schema, postgres.MigrationSet{Name: svc.Name, FS: svc.Migrations})
+	}
+	database := testenv.NewDatabase(t, schema)
+	n := testenv.NewNATS(t)
+	w := &world{
+		env:    Env{Pool: database.Pool, JS: n.JetStream(t)},
+		nats:   n,
+		logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	w.subs = svc.New(w.env)
+	if len(w.subs) == 0 {
+		t.Fatalf("conformance: Service.New returned no subscriptions")
+	}
+	w.topology = streams.Saga(streams.Config{
+		Storage: jetstream.MemoryStorage, AckWait: ackWait, MaxDeliver: maxDeliver,
+	})
+	for _, sub := range w.subs {
+		if err := w.addConsumer(svc.Name, sub); err != nil {
+			t.Fatalf("conformance: %v", err)
+		}
+	}
+	if err := streams.Provision(t.Context(), w.env.JS, w.topology); err != nil {
+		t.Fatalf("conformance: provision the streams: %v", err)
+	}
+	return w
+}
+
+// addConsumer adds sub's durable to the topology unless it is there.
+func (w *world) addConsumer(service string, sub Subscription) error {
+	switch {
+	case sub.Durable == "" || sub.Stream == "":
+		return errors.New("a subscription needs its Stream and Durable")
+	case sub.Handler == nil || sub.NewEvent == nil || sub.Effect == nil:
+		return fmt.Errorf("subscription %s needs Handler, NewEvent and Effect", sub.Durable)
+	}
+	if c, ok := w.topology.Consumer(sub.Durable); ok {
+		if c.Stream != sub.Stream {
+			return fmt.Errorf("durable %s is on stream %s in the topology, not %s", sub.Durable, c.Stream, sub.Stream)
+		}
+		return nil
+	}
+	if len(sub.Subjects) == 0 {
+		return fmt.Errorf("durable %s is not in the saga's topology: name its Subjects", sub.Durable)
+	}
+	w.topology.Consumers = append(w.topology.Consumers, streams.Consumer{
+		Stream: sub.Stream, Durable: sub.Durable, Service: service, FilterSubjects: sub.Subjects,
+	})
+	return nil
+}
+
+// subject is one subscription of a world under test, in a mode.
+type subject struct {
+	*world
+	sub  Subscription
+	mode mode
+}
+
+func (w *world) subject(t *testing.T, i int) *subject {
+	t.Helper()
+	if i >= len(w.subs) {
+		t.Fatalf("conformance: Service.New returned %d subscriptions, then %d", i+1, len(w.subs))
+	}
+	return &subject{world: w, sub: w.subs[i], mode: reference}
+}
+
+// hooks change how a consumer runs the subscription's handlers.
+type hooks struct {
+	handler      Handler
+	batchHandler BatchHandler
+	afterCommit  func(Event)
+	workers      int
+	js           jetstream.JetStream
+}
+
+// consumer is a running inbox consumer of the subscription.
+type consumer struct {
+	*inbox.Consumer
+	stop func() error
+}
+
+// start runs an inbox consumer of the subscription, in the subject's mode,
+// until stop (or the end of the test).
+func (s *subject) start(t *testing.T, h hooks) *consumer {
+	t.Helper()
+	cfg := inbox.Config{
+		Stream: s.sub.Stream, Durable: s.sub.Durable,
+		Batched: s.mode.batched, Workers: h.workers,
+		NakDelay: nakDelay, AfterCommit: h.afterCommit, Topology: &s.topology,
+	}
+	if s.mode.setBased {
+		cfg.BatchHandler = s.sub.BatchHandler
+		if h.batchHandler != nil {
+			cfg.BatchHandler = h.batchHandler
+		}
+	}
+	handler := s.sub.Handler
+	if h.handler != nil {
+		handler = h.handler
+	}
+	js := h.js
+	if js == nil {
+		js = s.env.JS
+	}
+	c := inbox.New(s.env.Pool, js, cfg, handler, s.logger)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop := func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(waitFor):
+				err = fmt.Errorf("the consumer did not stop within %s", waitFor)
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return &consumer{Consumer: c, stop: stop}
+}
+
+// newEvent is a new event of the subscription.
+func (s *subject) newEvent(t *testing.T) Event {
+	t.Helper()
+	ev := s.sub.NewEvent(t, s.env)
+	if err := ev.Validate(); err != nil {
+		t.Fatalf("conformance: NewEvent returned an invalid event: %v", err)
+	}
+	return ev
+}
+
+// publish publishes ev as a new message (a fresh Nats-Msg-Id, so that the
+// broker does not drop a second copy: only the inbox may) on subject, or
+// on its type's subject when subject is "".
+func (s *subject) publish(t *testing.T, ev Event, subj string) {
+	t.Helper()
+	msg, err := ev.Msg()
+	if err != nil {
+		t.Fatalf("conformance: %v", err)
+	}
+	msg.Header.Set(jetstream.MsgIDHeader, uuid.NewString())
+	if subj != "" {
+		msg.Subject = subj
+	}
+	if _, err := s.env.JS.PublishMsg(t.Context(), msg); err != nil {
+		t.Fatalf("conformance: publish %s: %v", ev.Type, err)
+	}
+}
+
+// effect is Effect of ev.
+func (s *subject) effect(t *testing.T, ev Event) int {
+	t.Helper()
+	n, err := s.sub.Effect(t.Context(), s.env.Pool, ev)
+	if err != nil {
+		t.Fatalf("conformance: Effect: %v", err)
+	}
+	return n
+}
+
+// settled waits until the durable has every message of its stream acked
+// or terminated, none pending.
+func (s *subject) settled(t *testing.T) {
+	t.Helper()
+	await(t, func() (bool, error) {
+		ctx := t.Context()
+		cons, err := s.env.JS.Consumer(ctx, s.sub.Stream, s.sub.Durable)
+		if err != nil {
+			return false, err
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return false, err
+		}
+		return info.NumPending == 0 && info.NumAckPending == 0 && info.NumRedelivered == 0, nil
+	}, "the durable %s did not settle every message: acked or dead-lettered", s.sub.Durable)
+}
+
+// deadLetters returns the DLQ's messages of the subscription's durable.
+func (s *subject) deadLetters(t *testing.T) []*jetstream.RawStreamMsg {
+	t.Helper()
+	ctx := t.Context()
+	st, err := s.env.JS.Stream(ctx, streams.DLQ)
+	if err != nil {
+		t.Fatalf("conformance: %v", err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatalf("conformance: %v", err)
+	}
+	var msgs []*jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		msg, err := st.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("conformance: %v", err)
+		}
+		if msg.Subject == streams.DLQSubjectPrefix+s.sub.Durable {
+			msgs = append(msgs, msg)
+		}
+	}
+	return msgs
+}
+
+// deadLetterOf returns the DLQ message of ev, or nil.
+func (s *subject) deadLetterOf(t *testing.T, ev Event) *jetstream.RawStreamMsg {
+	t.Helper()
+	i := slices.IndexFunc(s.deadLetters(t), func(m *jetstream.RawStreamMsg) bool {
+		return m.Header.Get(event.HeaderID) == ev.ID.String()
+	})
+	if i < 0 {
+		return nil
+	}
+	return s.deadLetters(t)[i]
+}
+
+// emitted returns every message in the saga's event streams but those of
+// the consumed stream's events the kit published.
+func (s *subject) emitted(t *testing.T, inputs map[string]bool) []*jetstream.RawStreamMsg {
+	t.Helper()
+	ctx := t.Context()
+	var out []*jetstream.RawStreamMsg
+	for _, def := range s.topology.Streams {
+		st, err := s.env.JS.Stream(ctx, def.Name)
+		if err != nil {
+			t.Fatalf("conformance: %v", err)
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			t.Fatalf("conformance: %v", err)
+		}
+		for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+			msg, err := st.GetMsg(ctx, seq)
+			if err != nil {
+				t.Fatalf("conformance: %v", err)
+			}
+			if !inputs[msg.Header.Get(event.HeaderID)] {
+				out = append(out, msg)
+			}
+		}
+	}
+	return out
+}
+
+// conn is a NATS connection of its own, closed at the end of the test.
+func (s *subject) conn(t *testing.T) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc := s.nats.Conn(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("conformance: %v", err)
+	}
+	return nc, js
+}
