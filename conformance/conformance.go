@@ -222,4 +222,3 @@ func await(t *testing.T, cond func() (bool, error), what string, args ...any) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
-

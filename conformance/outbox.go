@@ -85,7 +85,7 @@ type outboxRow struct {
 
 func (s *subject) outboxRows(t *testing.T) map[string]outboxRow {
 	t.Helper()
-	rows, err := s.env.Pool.Query(t.Context(), `SELECT event_id::text, nats_subject, source FROM outbox WHERE sent_at IS NULL`)
+	rows, err := s.db.Query(t.Context(), `SELECT event_id::text, nats_subject, source FROM outbox WHERE sent_at IS NULL`)
 	if err != nil {
 		t.Fatalf("conformance: read the outbox: %v", err)
 	}
@@ -152,11 +152,11 @@ func replay(t *testing.T, s *subject) {
 	s.settled(t)
 	s.requireOneEffect(t, ev, "after the dead letter was replayed")
 
-	before := snapshot(t, s.env.Pool)
+	before := snapshot(t, s.db)
 	s.publish(t, ev, streams.ReplaySubject(mustSubject(t, ev), s.sub.Durable))
 	s.settled(t)
 	s.requireOneEffect(t, ev, "after a processed event was replayed")
-	requireSameTables(t, before, snapshot(t, s.env.Pool), "by the replay of a processed event, which is a duplicate")
+	requireSameTables(t, before, snapshot(t, s.db), "by the replay of a processed event, which is a duplicate")
 }
 
 func mustSubject(t *testing.T, ev Event) string {

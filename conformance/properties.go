@@ -37,12 +37,12 @@ func duplicateInSequence(t *testing.T, s *subject) {
 	s.publish(t, ev, "")
 	s.settled(t)
 	s.requireOneEffect(t, ev, "after one delivery")
-	before := snapshot(t, s.env.Pool)
+	before := snapshot(t, s.db)
 	s.publish(t, ev, "")
 	s.publish(t, ev, "")
 	s.settled(t)
 	s.requireOneEffect(t, ev, "after two more deliveries of the same event")
-	requireSameTables(t, before, snapshot(t, s.env.Pool),
+	requireSameTables(t, before, snapshot(t, s.db),
 		"a duplicate delivery changed the database; the inbox claims the event before the handler runs, so the handler must write only through the tx it is given")
 }
 

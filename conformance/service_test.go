@@ -5,6 +5,7 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"sync"
 	"testing"
 
 	"github.com/google/uuid"
@@ -29,7 +30,7 @@ var migrations embed.FS
 type testService struct {
 	pool *pgxpool.Pool
 	js   jetstream.JetStream
-	seen map[uuid.UUID]bool // only the inMemory breakage uses it
+	seen *sync.Map // of event ids; only the in-memory-state breakage uses it
 }
 
 // handle is the correct handler.
@@ -76,7 +77,7 @@ func service(t *testing.T, handler func(*testService) conformance.Handler) confo
 		Name:       "conformancetest",
 		Migrations: sub,
 		New: func(env conformance.Env) []conformance.Subscription {
-			s := &testService{pool: env.Pool, js: env.JS, seen: map[uuid.UUID]bool{}}
+			s := &testService{pool: env.Pool, js: env.JS, seen: &sync.Map{}}
 			return []conformance.Subscription{{
 				Stream:       streams.Orders,
 				Durable:      streams.PaymentOrders,

@@ -26,7 +26,7 @@ var properties = []property{
 func writesOnlyOnItsTransaction(t *testing.T, s *subject) {
 	ctx := t.Context()
 	ev := s.newEvent(t)
-	before := snapshot(t, s.env.Pool)
+	before := snapshot(t, s.db)
 	tx, err := s.env.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatalf("conformance: begin: %v", err)
@@ -50,7 +50,7 @@ func writesOnlyOnItsTransaction(t *testing.T, s *subject) {
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatalf("conformance: rollback: %v", err)
 	}
-	requireSameTables(t, before, snapshot(t, s.env.Pool),
+	requireSameTables(t, before, snapshot(t, s.db),
 		"after the handler's transaction was rolled back: the handler wrote through a connection of its own, not the tx it is given; such a write outlives a rollback, and happens again at every redelivery")
 	if n := s.effect(t, ev); n != 0 {
 		t.Errorf("after the handler's transaction was rolled back, Effect counts %d: the handler wrote outside its tx", n)

@@ -7,10 +7,13 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -32,7 +35,10 @@ const (
 
 // world is one property run's database, NATS server and service.
 type world struct {
-	env      Env
+	env Env
+	// db is the kit's own pool on the service's database, for what it
+	// reads: a handler that exhausts the service's pool cannot stall it.
+	db       *pgxpool.Pool
 	nats     *testenv.NATS
 	topology streams.Topology
 	subs     []Subscription
@@ -52,8 +58,14 @@ func newWorld(t *testing.T, svc Service) *world {
 		schema = append(schema, postgres.MigrationSet{Name: svc.Name, FS: svc.Migrations})
 	}
 	database := testenv.NewDatabase(t, schema)
+	kitDB, err := postgres.Connect(t.Context(), database.URL)
+	if err != nil {
+		t.Fatalf("conformance: %v", err)
+	}
+	t.Cleanup(kitDB.Close)
 	n := testenv.NewNATS(t)
 	w := &world{
+		db:     kitDB,
 		env:    Env{Pool: database.Pool, JS: n.JetStream(t)},
 		nats:   n,
 		logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
@@ -104,6 +116,9 @@ type subject struct {
 	*world
 	sub  Subscription
 	mode mode
+	// lastSeq is the stream sequence of the last message the kit
+	// published to the durable's stream.
+	lastSeq atomic.Uint64
 }
 
 func (w *world) subject(t *testing.T, i int) *subject {
@@ -152,6 +167,12 @@ func (s *subject) start(t *testing.T, h hooks) *consumer {
 	if js == nil {
 		js = s.env.JS
 	}
+	// The inbox runs a handler under a context that is never canceled, to
+	// finish what it started on a graceful stop; a broken handler stuck on
+	// a connection of its own would then hold the test forever. Stopping
+	// the consumer cancels its handlers' contexts after the grace below.
+	kill, killed := context.WithCancel(context.Background())
+	handler, cfg.BatchHandler = killable(kill, handler), killableBatch(kill, cfg.BatchHandler)
 	c := inbox.New(s.env.Pool, js, cfg, handler, s.logger)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -161,6 +182,9 @@ func (s *subject) start(t *testing.T, h hooks) *consumer {
 	stop := func() error {
 		once.Do(func() {
 			cancel()
+			grace := time.AfterFunc(stopGrace, killed)
+			defer grace.Stop()
+			defer killed()
 			select {
 			case err = <-done:
 			case <-time.After(waitFor):
@@ -171,6 +195,32 @@ func (s *subject) start(t *testing.T, h hooks) *consumer {
 	}
 	t.Cleanup(func() { _ = stop() })
 	return &consumer{Consumer: c, stop: stop}
+}
+
+// stopGrace is how long a stopping consumer's handlers may run on.
+const stopGrace = 5 * time.Second
+
+// killable runs h under a context that is also canceled with kill.
+func killable(kill context.Context, h Handler) Handler {
+	return func(ctx context.Context, tx pgx.Tx, ev Event) error {
+		ctx, cancel := context.WithCancel(ctx)
+		defer context.AfterFunc(kill, cancel)()
+		defer cancel()
+		return h(ctx, tx, ev)
+	}
+}
+
+// killableBatch is killable for a BatchHandler; nil stays nil.
+func killableBatch(kill context.Context, h BatchHandler) BatchHandler {
+	if h == nil {
+		return nil
+	}
+	return func(ctx context.Context, tx pgx.Tx, evs []Event, writes *postgres.Pipeline) error {
+		ctx, cancel := context.WithCancel(ctx)
+		defer context.AfterFunc(kill, cancel)()
+		defer cancel()
+		return h(ctx, tx, evs, writes)
+	}
 }
 
 // newEvent is a new event of the subscription.
@@ -196,23 +246,27 @@ func (s *subject) publish(t *testing.T, ev Event, subj string) {
 	if subj != "" {
 		msg.Subject = subj
 	}
-	if _, err := s.env.JS.PublishMsg(t.Context(), msg); err != nil {
+	ack, err := s.env.JS.PublishMsg(t.Context(), msg)
+	if err != nil {
 		t.Fatalf("conformance: publish %s: %v", ev.Type, err)
+	}
+	for seq := s.lastSeq.Load(); seq < ack.Sequence && !s.lastSeq.CompareAndSwap(seq, ack.Sequence); {
+		seq = s.lastSeq.Load()
 	}
 }
 
 // effect is Effect of ev.
 func (s *subject) effect(t *testing.T, ev Event) int {
 	t.Helper()
-	n, err := s.sub.Effect(t.Context(), s.env.Pool, ev)
+	n, err := s.sub.Effect(t.Context(), s.db, ev)
 	if err != nil {
 		t.Fatalf("conformance: Effect: %v", err)
 	}
 	return n
 }
 
-// settled waits until the durable has every message of its stream acked
-// or terminated, none pending.
+// settled waits until the durable has had every message the kit published
+// delivered, and acked or terminated.
 func (s *subject) settled(t *testing.T) {
 	t.Helper()
 	await(t, func() (bool, error) {
@@ -225,7 +279,7 @@ func (s *subject) settled(t *testing.T) {
 		if err != nil {
 			return false, err
 		}
-		return info.NumPending == 0 && info.NumAckPending == 0 && info.NumRedelivered == 0, nil
+		return info.Delivered.Stream >= s.lastSeq.Load() && info.NumPending == 0 && info.NumAckPending == 0, nil
 	}, "the durable %s did not settle every message: acked or dead-lettered", s.sub.Durable)
 }
 

@@ -1,0 +1,174 @@
+package conformance_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/conformance"
+	"github.com/onceflow/onceflow/internal/event"
+)
+
+// A broken handler, the property of the kit it breaks, and words of the
+// failure's advice on what to fix.
+type breakage struct {
+	name     string
+	handler  func(s *testService) conformance.Handler
+	property string
+	advice   string
+}
+
+var breakages = []breakage{
+	{"own-connection", func(s *testService) conformance.Handler {
+		// Its effect through the service's pool, not the inbox's tx.
+		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			var p event.OrderPlacedV1
+			if err := ev.Decode(&p); err != nil {
+				return err
+			}
+			_, err := s.pool.Exec(ctx, `INSERT INTO effects (order_id, event_id) VALUES ($1, $2)`, p.OrderID, ev.ID)
+			return err
+		}
+	}, "writes-only-on-its-transaction", "through the tx it is given"},
+	{"direct-publish", func(s *testService) conformance.Handler {
+		// Its event published to JetStream at once, not written to the outbox.
+		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			var p event.OrderPlacedV1
+			if err := ev.Decode(&p); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO effects (order_id, event_id) VALUES ($1, $2)`, p.OrderID, ev.ID); err != nil {
+				return err
+			}
+			next, err := s.rejection(ev, p)
+			if err != nil {
+				return err
+			}
+			msg, err := next.Msg()
+			if err != nil {
+				return err
+			}
+			_, err = s.js.PublishMsg(ctx, msg)
+			return err
+		}
+	}, "emits-through-the-outbox", "outbox.Enqueue"},
+	{"commits-itself", func(s *testService) conformance.Handler {
+		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			if err := s.handle(ctx, tx, ev); err != nil {
+				return err
+			}
+			return tx.Commit(ctx)
+		}
+	}, "writes-only-on-its-transaction", "never commit or roll back tx"},
+	{"in-memory-state", func(s *testService) conformance.Handler {
+		// Deduplicates by itself, in memory: a rolled-back run is
+		// remembered as done.
+		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			if _, seen := s.seen.LoadOrStore(ev.ID, true); seen {
+				return nil
+			}
+			return s.handle(ctx, tx, ev)
+		}
+	}, "error-retried-with-backoff", "no state outside the tx it is given"},
+	{"swallows-decode-error", func(s *testService) conformance.Handler {
+		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			var p event.OrderPlacedV1
+			if err := ev.Decode(&p); err != nil {
+				return nil // "nothing to do with it"
+			}
+			return s.handle(ctx, tx, ev)
+		}
+	}, "permanent-error-to-dlq", "swallowed the decode error"},
+}
+
+// brokenEnv, set in TestBrokenHandlersFailTheKit's child process, makes
+// TestBrokenHandlerProcess run the kit against every broken handler.
+const brokenEnv = "CONFORMANCE_BROKEN_HANDLERS"
+
+// TestBrokenHandlerProcess is the child process of
+// TestBrokenHandlersFailTheKit, which expects it to fail; run on its own,
+// without brokenEnv, it has nothing to do.
+func TestBrokenHandlerProcess(t *testing.T) {
+	if os.Getenv(brokenEnv) != "1" {
+		return
+	}
+	for _, b := range breakages {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			conformance.Run(t, service(t, b.handler))
+		})
+	}
+}
+
+// TestBrokenHandlersFailTheKit runs the kit against handlers broken in the
+// ways a copier breaks them, in a child process (the kit fails the tests
+// it runs in): each fails the property it breaks, by name, with a message
+// that says what to fix.
+func TestBrokenHandlersFailTheKit(t *testing.T) {
+	t.Parallel()
+	failed, output := runChild(t)
+	for _, b := range breakages {
+		t.Run(b.name, func(t *testing.T) {
+			var names []string
+			for name := range failed {
+				if rest, ok := strings.CutPrefix(name, "TestBrokenHandlerProcess/"+b.name+"/"); ok {
+					names = append(names, rest)
+				}
+			}
+			slices.Sort(names)
+			t.Logf("fails %s", strings.Join(names, ", "))
+			want := regexp.MustCompile(`^[^/]+/(([a-z-]+)/)?` + regexp.QuoteMeta(b.property) + `$`)
+			i := slices.IndexFunc(names, want.MatchString)
+			if i < 0 {
+				t.Fatalf("the kit did not fail %s on a handler broken by %s", b.property, b.name)
+			}
+			out := output["TestBrokenHandlerProcess/"+b.name+"/"+names[i]]
+			if !strings.Contains(out, b.advice) {
+				t.Errorf("the failure of %s does not say %q:\n%s", b.property, b.advice, out)
+			}
+		})
+	}
+}
+
+// runChild runs TestBrokenHandlerProcess in a child process and returns
+// the tests that failed and each test's output.
+func runChild(t *testing.T) (failed map[string]bool, output map[string]string) {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), "go", "tool", "test2json", os.Args[0],
+		"-test.v=test2json", "-test.run=^TestBrokenHandlerProcess$", "-test.parallel=4", "-test.count=1", "-test.timeout=5m")
+	cmd.Env = append(os.Environ(), brokenEnv+"=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err == nil {
+		t.Fatalf("the kit passed every broken handler:\n%s", out)
+	}
+	failed, output = map[string]bool{}, map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var ev struct{ Action, Test, Output string }
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			t.Fatalf("test2json: %v: %s", err, sc.Bytes())
+		}
+		switch ev.Action {
+		case "fail":
+			failed[ev.Test] = true
+		case "output":
+			output[ev.Test] += ev.Output
+		}
+	}
+	if len(failed) == 0 {
+		t.Fatalf("the child process failed without a failed test (%v):\n%s", err, stderr.String())
+	}
+	return failed, output
+}
