@@ -128,7 +128,8 @@ func (s *subject) requirePublishedOnce(t *testing.T, rows map[string]outboxRow, 
 
 // replay dead-letters an event (its transaction fails at every delivery),
 // lets the handler succeed, and replays the dead letter as an operator
-// would (onceflow dlq replay): it is processed once. A replay of a
+// would (onceflow dlq replay: the original, re-read from its stream after
+// the owner check): it is processed once. A replay of a
 // processed event is then a duplicate: it changes nothing.
 func replay(t *testing.T, s *subject) {
 	ctx := t.Context()
@@ -144,7 +145,7 @@ func replay(t *testing.T, s *subject) {
 	}
 	f.heal()
 	dead := s.deadLetterOf(t, ev)
-	store := dlq.New(s.env.JS, dlq.Config{})
+	store := dlq.New(s.env.JS, dlq.Config{Topology: s.topology})
 	if _, err := store.Replay(ctx, dead.Sequence, dlq.ReplayOptions{By: "conformance"}); err != nil {
 		t.Fatalf("conformance: replay the dead letter: %v", err)
 	}
