@@ -37,6 +37,9 @@ type devEnv struct {
 	// OperatorSecret is what the dev issuer wants to issue an admin
 	// token; default a fresh one, printed.
 	OperatorSecret string `env:"ISSUER_OPERATOR_SECRET"`
+	// IssuerHosts are host names the dev issuer's POST /token answers
+	// besides its own address's (for --host other than loopback).
+	IssuerHosts []string `env:"ISSUER_HOSTS"`
 }
 
 // devStopTimeout bounds the shutdown after Ctrl-C; a second Ctrl-C kills.
@@ -56,7 +59,7 @@ func runDev(ctx context.Context, inv invocation, args []string) error {
 		defer stop()
 	}
 	if !loopback(cfg.Host) {
-		inv.logger.WarnContext(ctx, "onceflow dev is for development: listening on "+cfg.Host+", its token issuer gives any customer's token to whoever reaches it, and an admin token to whoever has the printed operator secret",
+		inv.logger.WarnContext(ctx, "onceflow dev is for development: listening on "+cfg.Host+", its token issuer gives any customer's token to whoever reaches it, and an admin token to whoever has the printed operator secret (ISSUER_HOSTS names the host names it answers besides its address)",
 			"host", cfg.Host)
 	}
 	e, err := dev.Start(ctx, cfg, inv.logger)
@@ -158,6 +161,7 @@ as 'onceflow <service>' does.`)
 		},
 		DatabaseURL:    denv.DatabaseURL,
 		OperatorSecret: denv.OperatorSecret,
+		IssuerHosts:    denv.IssuerHosts,
 		DataDir:        *dataDir,
 		Durable:        *durable,
 		NATSSync:       syncMode,

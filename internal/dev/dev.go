@@ -110,6 +110,9 @@ type Config struct {
 	// bearer token, to issue an admin token; default a fresh one
 	// (Env.Issuer.OperatorSecret), logged.
 	OperatorSecret string
+	// IssuerHosts are host names the dev issuer's POST /token answers
+	// besides its address's (and the loopback names with its port).
+	IssuerHosts []string
 	// TestAdmin issues natsauth.Admin's credentials too
 	// (Env.NATSCreds[natsauth.Admin]): every right in the account, for
 	// tests that corrupt the system on purpose. onceflow dev never sets it.
@@ -382,7 +385,9 @@ func (e *Env) newIssuer(ctx context.Context, cfg Config) error {
 	}
 	e.issuerLn = ln
 	e.IssuerURL = "http://" + ln.Addr().String()
-	e.Issuer, err = auth.NewIssuer(ctx, auth.IssuerConfig{Issuer: e.IssuerURL, Audience: auth.DefaultAudience, OperatorSecret: cfg.OperatorSecret})
+	e.Issuer, err = auth.NewIssuer(ctx, auth.IssuerConfig{
+		Issuer: e.IssuerURL, Audience: auth.DefaultAudience, OperatorSecret: cfg.OperatorSecret, Hosts: cfg.IssuerHosts,
+	})
 	if err != nil {
 		return err
 	}
