@@ -208,6 +208,32 @@ func TestNewServiceEndToEnd(t *testing.T) {
 	require.Contains(t, string(report), "loyalty-orders (ORDERS", "the consumers check does not list loyalty's durable:\n%s", report)
 	done()
 
+	// The new durable's NATS rights are derived as every other's: its
+	// replay subject is the operator's alone (not the order service's,
+	// whose orders.> covers it), its dead letters loyalty's alone, and the
+	// operator cannot delete it.
+	done = step("the new durable's rights on the bus")
+	refused := func(what string, err error) {
+		t.Helper()
+		require.Error(t, err, what)
+	}
+	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, time.Second) }
+	pctx, cancel := short()
+	_, err = orderJS.Publish(pctx, streams.ReplaySubject("orders.confirmed.v1", "loyalty-orders"), []byte("{}"))
+	cancel()
+	refused("order publishes loyalty-orders' replay subject", err)
+	pctx, cancel = short()
+	_, err = sys.jetStream(t, "notify").Publish(pctx, streams.DLQSubjectPrefix+"loyalty-orders", []byte("{}"))
+	cancel()
+	refused("notify writes loyalty-orders' dead letters", err)
+	pctx, cancel = short()
+	err = js.DeleteConsumer(pctx, streams.Orders, "loyalty-orders")
+	cancel()
+	refused("the operator deletes loyalty-orders", err)
+	_, err = js.Consumer(ctx, streams.Orders, "loyalty-orders")
+	require.NoError(t, err, "loyalty-orders is still there")
+	done()
+
 	done = step("stop onceflow dev")
 	sys.stop(t)
 	done()
