@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/onceflow/onceflow/internal/httpserve"
 	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/httpapi"
@@ -336,16 +337,10 @@ func (s *service) serve(ctx context.Context) error {
 		return idempotency.NewCleaner(s.pool, s.cfg.IdempotencyRetention, 0, s.logger).Run(gctx)
 	})
 	g.Go(func() error {
-		if err := s.srv.Serve(s.ln); !errors.Is(err, http.ErrServerClosed) {
+		if err := httpserve.Serve(gctx, s.srv, s.ln, s.cfg.ShutdownTimeout, s.logger); err != nil {
 			return fmt.Errorf("http server: %w", err)
 		}
 		return nil
-	})
-	g.Go(func() error {
-		<-gctx.Done()
-		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(gctx), s.cfg.ShutdownTimeout)
-		defer cancel()
-		return s.srv.Shutdown(shutdownCtx)
 	})
 	return g.Wait()
 }

@@ -59,6 +59,9 @@ type Config struct {
 
 	IdempotencyRetention time.Duration `env:"IDEMPOTENCY_RETENTION" envDefault:"24h"`
 
+	// ShutdownTimeout bounds each step of a stop: the HTTP server's grace
+	// for requests in flight (then it closes the connections left) and the
+	// final outbox flush.
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
 
 	// FaultKillAfterCommit is for the end-to-end fault suite only: the

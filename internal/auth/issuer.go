@@ -21,6 +21,8 @@ import (
 	"github.com/MicahParks/jwkset"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/google/uuid"
+
+	"github.com/onceflow/onceflow/internal/httpserve"
 )
 
 // Paths of the dev issuer's endpoints.
@@ -252,26 +254,19 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// Serve serves the issuer's endpoints on ln until ctx ends.
+// shutdownGrace is how long a stopping issuer lets a request finish before
+// it closes the connections left.
+const shutdownGrace = 5 * time.Second
+
+// Serve serves the issuer's endpoints on ln until ctx ends. Whoever fetches
+// its key set should stop first (dev stops the services, then the issuer).
 func (i *Issuer) Serve(ctx context.Context, ln net.Listener, logger *slog.Logger) error {
 	srv := &http.Server{
 		Handler:           i.Handler(),
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	select {
-	case err := <-done:
-		return fmt.Errorf("issuer: %w", err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		return fmt.Errorf("issuer: shut down: %w", err)
-	}
-	if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+	if err := httpserve.Serve(ctx, srv, ln, shutdownGrace, logger); err != nil {
 		return fmt.Errorf("issuer: %w", err)
 	}
 	return nil

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/onceflow/onceflow/internal/httpserve"
 	"github.com/onceflow/onceflow/internal/audit"
 	"github.com/onceflow/onceflow/internal/dlq"
 	"github.com/onceflow/onceflow/internal/natsauth"
@@ -148,19 +149,7 @@ func (s *Server) Handler(hosts ...string) http.Handler {
 // Serve serves the console on ln until ctx ends.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{Handler: s.Handler(defaultHosts(ln.Addr())...), ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 2 * time.Minute}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	select {
-	case err := <-done:
-		return fmt.Errorf("console: %w", err)
-	case <-ctx.Done():
-	}
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
-		return fmt.Errorf("console: shutdown: %w", err)
-	}
-	if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+	if err := httpserve.Serve(ctx, srv, ln, 5*time.Second, s.logger); err != nil {
 		return fmt.Errorf("console: %w", err)
 	}
 	return nil

@@ -255,14 +255,24 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Env, err er
 	return e, nil
 }
 
-// runServices runs every service on its listener, with environ and its own
-// database and NATS credentials, until ctx ends or one fails; e.done is
-// closed once they have all returned.
+// runServices runs the issuer and every service on its listener, with
+// environ and its own database and NATS credentials, until ctx ends or one
+// fails; e.done is closed once they have all returned. The issuer stops
+// last: a service fetches its key set until it stops, and a fetch cut off
+// mid-way would only hold the issuer's shutdown.
 func (e *Env) runServices(ctx context.Context, services []service, environ map[string]string, tp trace.TracerProvider, logger *slog.Logger) {
 	runCtx, cancel := context.WithCancel(ctx)
 	e.cancel = cancel
+	issuerCtx, stopIssuer := context.WithCancel(context.WithoutCancel(ctx))
+	issuerDone := make(chan error, 1)
+	go func() {
+		err := e.Issuer.Serve(issuerCtx, e.issuerLn, logger.With("component", "issuer"))
+		if err != nil {
+			cancel() // the services cannot verify a token without it
+		}
+		issuerDone <- err
+	}()
 	g, gctx := errgroup.WithContext(runCtx)
-	g.Go(func() error { return e.Issuer.Serve(gctx, e.issuerLn, logger.With("component", "issuer")) })
 	for i, svc := range services {
 		env := overlay(environ, map[string]string{
 			"DATABASE_URL": e.Services[i].DatabaseURL,
@@ -279,7 +289,9 @@ func (e *Env) runServices(ctx context.Context, services []service, environ map[s
 		})
 	}
 	go func() {
-		e.runErr = g.Wait()
+		err := g.Wait()
+		stopIssuer()
+		e.runErr = errors.Join(err, <-issuerDone)
 		close(e.done)
 	}()
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -270,4 +271,55 @@ func client(t *testing.T) *http.Client {
 
 func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// TestStopWithConnectionsLeftOpen leaves connections open on the issuer and
+// on a service, as clients do: one that connected and sent nothing, one
+// whose request stalls half-way through its body (active for as long as
+// the client likes), and an idle keep-alive connection. Stop returns
+// cleanly all the same, within a bound: the services' grace
+// (SHUTDOWN_TIMEOUT, 2s here) and then the issuer's (5s), never waiting on
+// a client.
+func TestStopWithConnectionsLeftOpen(t *testing.T) {
+	t.Parallel()
+	cfg := onServer(t, "open")
+	cfg.Environ = []string{"SHUTDOWN_TIMEOUT=2s"}
+	e, err := dev.Start(t.Context(), cfg, testLogger(t))
+	require.NoError(t, err)
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			_ = e.Stop(context.Background())
+		}
+	})
+
+	keepAlive := &http.Client{Timeout: 5 * time.Second}
+	t.Cleanup(keepAlive.CloseIdleConnections)
+	for _, target := range []struct{ base, post string }{
+		{e.IssuerURL, "/token"},
+		{e.URL("order"), "/orders"},
+	} {
+		u, err := url.Parse(target.base)
+		require.NoError(t, err)
+		silent, err := net.Dial("tcp", u.Host)
+		require.NoError(t, err)
+		t.Cleanup(func() { silent.Close() })
+		stalled, err := net.Dial("tcp", u.Host)
+		require.NoError(t, err)
+		t.Cleanup(func() { stalled.Close() })
+		_, err = fmt.Fprintf(stalled, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\nsub=", target.post, u.Host)
+		require.NoError(t, err)
+		resp, err := keepAlive.Get(target.base + "/healthz")
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close() // the connection goes back to the client's pool, open
+	}
+
+	start := time.Now()
+	require.NoError(t, e.Stop(context.Background()))
+	stopped = true
+	took := time.Since(start)
+	t.Logf("Stop took %s", took)
+	require.Less(t, took, 4*(2+5)*time.Second, "Stop is bounded by the graces, not by the clients")
+	require.NoError(t, e.Wait())
 }

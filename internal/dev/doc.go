@@ -14,7 +14,10 @@
 // Guarantees: Start returns only once every service answers /readyz, or
 // returns an error having undone everything it started. Stop stops the
 // services first (they finish in-flight work and flush their outboxes while
-// NATS and PostgreSQL are still up), then NATS, then the cluster, and removes
-// every directory Start created. Databases on a server named by
+// NATS and PostgreSQL are still up), then the token issuer whose key set
+// they fetch, then NATS, then the cluster, and removes every directory Start
+// created. No client can make Stop fail or hang: each HTTP server gets its
+// grace (a service's SHUTDOWN_TIMEOUT, the issuer's 5s) and then closes the
+// connections left (package httpserve). Databases on a server named by
 // Config.DatabaseURL are created when missing and never dropped.
 package dev
