@@ -23,10 +23,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/onceflow/onceflow/internal/httpserve"
 	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/httpapi"
+	"github.com/onceflow/onceflow/internal/httpserve"
 	"github.com/onceflow/onceflow/internal/idempotency"
 	"github.com/onceflow/onceflow/internal/inbox"
 	"github.com/onceflow/onceflow/internal/outbox"

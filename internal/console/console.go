@@ -17,9 +17,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/onceflow/onceflow/internal/httpserve"
 	"github.com/onceflow/onceflow/internal/audit"
 	"github.com/onceflow/onceflow/internal/dlq"
+	"github.com/onceflow/onceflow/internal/httpserve"
 	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
