@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -80,11 +81,22 @@ func TestDuplicateStorm(t *testing.T) {
 }
 
 // TestReplicas runs three instances of payment and two of inventory on the
-// same durable consumers.
+// same durable consumers. Which instance gets a message is the server's
+// choice, so the check that the replicas share a durable does not rest on
+// it: during the load the test freezes the instances that processed events
+// until another one has too (shareOut).
 func TestReplicas(t *testing.T) {
 	t.Parallel()
 	sys, d := scenario(t, deployment{replicas: map[string]int{"payment": 3, "inventory": 2}}, scaled(600))
-	if err := d.run(t.Context(), nil); err != nil {
+	err := d.run(t.Context(), func(ctx context.Context) error {
+		for _, kind := range []string{"payment", "inventory"} {
+			if err := sys.shareOut(ctx, kind, 2*time.Minute); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	sys.verify(d, expect{exactCounts: true})
@@ -100,6 +112,52 @@ func TestReplicas(t *testing.T) {
 			t.Errorf("e2e: only %d %s instances processed events; the replicas did not share the durables", len(busy), kind)
 		}
 	}
+}
+
+// busyInstances are the instances of kind that processed events so far.
+func (sys *system) busyInstances(kind string) []*service {
+	var busy []*service
+	for _, s := range sys.instances(kind) {
+		if s.counters().total("processed") > 0 {
+			busy = append(busy, s)
+		}
+	}
+	return busy
+}
+
+// shareOut makes two instances of kind process events, whichever the
+// server hands its messages to: once one has, those that have are frozen
+// (SIGSTOP) until another one has too, then thawed. A frozen instance's
+// unacknowledged messages go to the others after the ack wait, and its
+// transactions hold their locks meanwhile: faults the saga must absorb.
+func (sys *system) shareOut(ctx context.Context, kind string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	await := func(n int) error {
+		for len(sys.busyInstances(kind)) < n {
+			if !sleepCtx(ctx, 50*time.Millisecond) {
+				return fmt.Errorf("%d %s instances processed events, want %d: %w", len(sys.busyInstances(kind)), kind, n, ctx.Err())
+			}
+		}
+		return nil
+	}
+	if err := await(1); err != nil {
+		return err
+	}
+	frozen := sys.busyInstances(kind)
+	if len(frozen) >= 2 {
+		return nil
+	}
+	for _, s := range frozen {
+		s.signal(syscall.SIGSTOP)
+	}
+	defer func() {
+		for _, s := range frozen {
+			s.signal(syscall.SIGCONT)
+		}
+	}()
+	sys.faults.add("frozen_until_another_processed:"+kind, int64(len(frozen)))
+	return await(len(frozen) + 1)
 }
 
 // TestCrash kills a random service with SIGKILL every one to two and a half

@@ -153,6 +153,15 @@ func (s *service) kill(ctx context.Context) bool {
 	return true
 }
 
+// signal sends sig to the current incarnation, if one runs.
+func (s *service) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		s.proc.signal(sig)
+	}
+}
+
 // running reports whether an incarnation is up.
 func (s *service) running() bool {
 	s.mu.Lock()
