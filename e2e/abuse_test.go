@@ -219,7 +219,10 @@ func (a abuse) headers() []http.Header {
 }
 
 // racingRetries sends n concurrent POST /orders with one Idempotency-Key: a
-// fifth with another body. Exactly one order may come of it.
+// fifth with another body. Exactly one order may come of it. Which request
+// wins, and which of the others wait, replay or get a 409, is the race's;
+// the checks accept every outcome of it and require only what holds in
+// all: one original 201, and no answer contradicting it.
 func (sys *system) racingRetries(d *driver, n int) {
 	t := sys.t
 	t.Helper()

@@ -116,6 +116,16 @@ func (n *natsServer) running() bool {
 	return n.proc != nil
 }
 
+// freeze stops the server (SIGSTOP) where it is: it answers nothing more,
+// and kill ends it there.
+func (n *natsServer) freeze() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.proc != nil {
+		n.proc.signal(syscall.SIGSTOP)
+	}
+}
+
 // kill kills the server with SIGKILL and waits until it is gone.
 func (n *natsServer) kill() error {
 	n.mu.Lock()

@@ -241,11 +241,14 @@ func TestDatabaseRestart(t *testing.T) {
 // round trips) takes over a second and its messages are redelivered to
 // other workers, under load. Every connection is slowed: with half of them
 // slowed, a run could see no redelivery at all (the pool can keep handing
-// out the fast ones). Whether a redelivery's claim meets its first attempt
-// still uncommitted is up to timing here (most first attempts commit before
-// their redelivery's claim arrives);
-// inbox.TestARedeliveryWaitsForTheAttemptStillRunning makes them meet every
-// time.
+// out the fast ones). The duplicate the test requires does not rest on
+// timing: the latency is a floor, so every OrderPlaced payment handles
+// while it lasts (the load goes on throughout) takes longer than the ack
+// wait and is redelivered, and a redelivery is dropped as a duplicate
+// whether its claim arrives after the first attempt committed or while it
+// runs (then it waits for it). Which of the two happens is up to timing
+// here; inbox.TestARedeliveryWaitsForTheAttemptStillRunning makes them
+// meet every time.
 func TestSlowHandler(t *testing.T) {
 	t.Parallel()
 	sys := newSystem(t)
