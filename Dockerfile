@@ -1,15 +1,19 @@
-# syntax=docker/dockerfile:1
 # One image for the four services (the command picks one: order, payment,
 # inventory, notify) and the chores (migrate, outbox redrive, healthcheck).
+#
+# No syntax directive and no cache mounts on RUN: both need BuildKit (the first
+# pulls a frontend image), and the classic builder, which is all a Docker
+# CLI without the buildx plugin has, must build this file too.
 
-FROM golang:1.26.8 AS build
+# The build stage's image: the official golang image by default; GO_IMAGE
+# names another (make demo-images builds an offline stand-in).
+ARG GO_IMAGE=golang:1.26.8
+
+FROM ${GO_IMAGE} AS build
 WORKDIR /src
 COPY . .
-# Only the modules the binary imports are fetched (not the sqlc tool's), into
-# cache mounts that outlive the build: a source change rebuilds in seconds.
-RUN --mount=type=cache,target=/go/pkg/mod \
-    --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/onceflow ./cmd/onceflow
+# Only the modules the binary imports are fetched (not the sqlc tool's).
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/onceflow ./cmd/onceflow
 # The image user's home: compose mounts the nats-auth volume there, and a
 # new volume takes the owner of the directory it is mounted on.
 RUN mkdir -p /out/home/nonroot

@@ -1,7 +1,7 @@
 # The two commands that matter: `make test` (what CI runs) and `make run`.
 GO ?= go
 
-.PHONY: test generate verify-sqlc vet build bench
+.PHONY: test generate verify-sqlc vet build bench demo-images demo-test
 
 ## test: every test against real PostgreSQL and NATS JetStream, race detector on
 test:
@@ -24,3 +24,11 @@ build:
 ## bench: the benchmarks side by side (real PostgreSQL, fast and durable, and NATS), with the ratios against the targets; BENCH=regexp COUNT=n EVENTS=n narrow it
 bench:
 	bash bench/run.sh
+
+## demo-images: build the offline stand-ins of the compose demo's third-party images (and Compose v2 if `docker compose` is missing), cached by content; prints the exports that select them
+demo-images:
+	@bash deploy/standins/build.sh
+
+## demo-test: the compose demo end to end on a Docker engine (stand-ins built first): up, the README's calls, a container restarted and NATS killed mid-load, the audit, down -v
+demo-test:
+	eval "$$(bash deploy/standins/build.sh)" && $(GO) test -count=1 -v -timeout 30m ./e2e/compose

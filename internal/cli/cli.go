@@ -90,6 +90,11 @@ func commands() []command {
 			run:     runDev,
 		},
 		command{
+			name:    "seed",
+			summary: "write the demo's wallets, stock and prices into running services, as dev --seed (idempotent)",
+			run:     runSeed,
+		},
+		command{
 			name:    "provision",
 			usage:   "[--wait D]",
 			summary: "create or update the streams and durable consumers, as the provisioner (idempotent)",

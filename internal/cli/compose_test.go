@@ -366,7 +366,9 @@ func TestComposeConsole(t *testing.T) {
 // A pulled image is pinned to a release (a tag with its full version,
 // major.minor.patch, PostgreSQL's being major.minor, or a digest): no tag,
 // `latest` or a moving tag like 15-alpine or 2.12 changes under the demo.
-// The onceflow image is the one compose builds.
+// The images are those of an empty environment, the defaults of the
+// variables that select stand-ins. The onceflow image is the one compose
+// builds.
 func TestComposeImagesArePinned(t *testing.T) {
 	t.Parallel()
 	pinned := regexp.MustCompile(`^[^:@]+:v?[0-9]+\.[0-9]+\.[0-9]+(-[a-z0-9.]+)?$|^postgres:[0-9]+\.[0-9]+(-[a-z0-9.]+)?$|@sha256:[0-9a-f]{64}$`)
@@ -378,14 +380,88 @@ func TestComposeImagesArePinned(t *testing.T) {
 		}
 		require.Regexp(t, pinned, svc.Image, "%s's image is not pinned to a version", name)
 	}
-	// And so is every image the onceflow image is built from.
-	dockerfile, err := os.ReadFile("../../Dockerfile")
-	require.NoError(t, err)
-	from := regexp.MustCompile(`(?m)^FROM\s+(\S+)`).FindAllStringSubmatch(string(dockerfile), -1)
+	// And so is every image the onceflow image is built from, by default.
+	from := dockerfileFrom(t)
 	require.NotEmpty(t, from)
-	for _, m := range from {
-		if m[1] != "scratch" {
-			require.Regexp(t, pinned, m[1], "the Dockerfile's FROM %s is not pinned to a version", m[1])
+	for _, image := range from {
+		if image != "scratch" {
+			require.Regexp(t, pinned, image, "the Dockerfile's FROM %s is not pinned to a version", image)
 		}
 	}
+}
+
+// dockerfileFrom is the images the Dockerfile's stages start from, with
+// each ${ARG} replaced by its default.
+func dockerfileFrom(t *testing.T) []string {
+	t.Helper()
+	dockerfile, err := os.ReadFile(filepath.Join(repoRoot, "Dockerfile"))
+	require.NoError(t, err)
+	args := make(map[string]string)
+	for _, m := range regexp.MustCompile(`(?m)^ARG\s+(\w+)=(\S+)`).FindAllStringSubmatch(string(dockerfile), -1) {
+		args[m[1]] = m[2]
+	}
+	var images []string
+	for _, m := range regexp.MustCompile(`(?m)^FROM\s+(\S+)`).FindAllStringSubmatch(string(dockerfile), -1) {
+		image := os.Expand(m[1], func(name string) string {
+			v, ok := args[name]
+			require.True(t, ok, "the Dockerfile's FROM %s uses an ARG with no default", m[1])
+			return v
+		})
+		images = append(images, image)
+	}
+	return images
+}
+
+// Every third-party image, and the Dockerfile's build image, is chosen by
+// a variable (make demo-images prints the exports of the stand-ins).
+func TestComposeImagesAreChosenByVariables(t *testing.T) {
+	t.Parallel()
+	variables := map[string]string{ // service → variable
+		"postgres": "POSTGRES_IMAGE", "nats": "NATS_IMAGE", "mailpit": "MAILPIT_IMAGE",
+		"prometheus": "PROMETHEUS_IMAGE", "grafana": "GRAFANA_IMAGE", "jaeger": "JAEGER_IMAGE",
+	}
+	var environ []string
+	for _, v := range variables {
+		environ = append(environ, v+"=standin/"+strings.ToLower(v)+":1")
+	}
+	project := loadComposeEnv(t, append(environ, "GO_IMAGE=standin/go:1"), observabilityProfile)
+	for name, svc := range project.Services {
+		if strings.HasPrefix(svc.Image, "onceflow:") {
+			if svc.Build != nil {
+				require.Equal(t, "standin/go:1", *svc.Build.Args["GO_IMAGE"], "%s: the build's GO_IMAGE", name)
+			}
+			continue
+		}
+		v, ok := variables[name]
+		require.True(t, ok, "%s's image %s is chosen by no variable", name, svc.Image)
+		require.Equal(t, "standin/"+strings.ToLower(v)+":1", svc.Image, name)
+	}
+	require.Contains(t, dockerfileFrom(t), "golang:1.26.8")
+	dockerfile, err := os.ReadFile(filepath.Join(repoRoot, "Dockerfile"))
+	require.NoError(t, err)
+	require.Contains(t, string(dockerfile), "FROM ${GO_IMAGE} AS build")
+	// The classic builder (no buildx plugin) must be able to build it.
+	require.NotRegexp(t, `(?m)^RUN\s+--mount`, string(dockerfile), "RUN --mount needs BuildKit")
+	require.NotRegexp(t, `(?m)^#\s*syntax=`, string(dockerfile), "a syntax line makes BuildKit pull its frontend")
+}
+
+// PostgreSQL, whose superuser has the demo's password, is published to
+// nobody unless the override file is added, and then on the loopback only.
+func TestComposePostgresIsNotPublished(t *testing.T) {
+	t.Parallel()
+	project := loadCompose(t, observabilityProfile)
+	require.Empty(t, project.Services["postgres"].Ports)
+
+	opts, err := composecli.NewProjectOptions(
+		[]string{filepath.Join(repoRoot, "docker-compose.yml"), filepath.Join(repoRoot, "deploy/compose/publish-postgres.yml")},
+		composecli.WithWorkingDirectory(repoRoot),
+		composecli.WithEnv([]string{}),
+	)
+	require.NoError(t, err)
+	withOverride, err := composecli.ProjectFromOptions(t.Context(), opts)
+	require.NoError(t, err)
+	ports := withOverride.Services["postgres"].Ports
+	require.Len(t, ports, 1)
+	require.Equal(t, "127.0.0.1", ports[0].HostIP)
+	require.Equal(t, "5432", ports[0].Published)
 }

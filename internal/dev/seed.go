@@ -64,21 +64,43 @@ func demoData() Seeded {
 }
 
 // Seed credits the demo wallets, stocks the demo SKUs and prices them in
-// the catalog through the HTTP APIs of e. Each credit and each stock receipt carries an Idempotency-Key
-// derived from what it seeds, so seeding again (a dev run on a kept data
-// directory) is a replay, not a second credit or delivery. A SKU seeded at
-// 0 is received and then written off, as stock that spoiled.
+// the catalog through the HTTP APIs of e, as SeedAt, with a token of e's
+// issuer.
 func Seed(ctx context.Context, e *Env) (Seeded, error) {
-	client := newClient()
 	token, err := e.Token("dev-seed", true)
 	if err != nil {
 		return Seeded{}, fmt.Errorf("seed: %w", err)
 	}
+	return SeedAt(ctx, SeedTarget{
+		OrderURL:     e.URL(order.Name),
+		PaymentURL:   e.URL(payment.Name),
+		InventoryURL: e.URL(inventory.Name),
+		Token:        token,
+	})
+}
+
+// SeedTarget is where SeedAt writes: the base URLs of the order, payment
+// and inventory APIs, and an operator's token they accept.
+type SeedTarget struct {
+	OrderURL, PaymentURL, InventoryURL string
+	Token                              string
+}
+
+// SeedAt credits the demo wallets, stocks the demo SKUs and prices them in
+// the catalog through the HTTP APIs of target (`onceflow seed` runs it
+// against the compose demo). Each credit and each stock receipt carries an
+// Idempotency-Key derived from what it seeds, so seeding again (a dev run
+// on a kept data directory, the compose job run twice) is a replay, not a
+// second credit or delivery. A SKU seeded at 0 is received and then
+// written off, as stock that spoiled.
+func SeedAt(ctx context.Context, target SeedTarget) (Seeded, error) {
+	client := newClient()
+	token := target.Token
 	demo := demoData()
 	var seeded Seeded
 	for _, w := range demo.Wallets {
 		var got Wallet
-		u := e.URL(payment.Name) + "/wallets/" + url.PathEscape(w.CustomerID) + "/credits"
+		u := target.PaymentURL + "/wallets/" + url.PathEscape(w.CustomerID) + "/credits"
 		body := map[string]int64{"amount_cents": w.BalanceCents}
 		if err := call(ctx, client, token, http.MethodPost, u, "dev-seed-credit-"+w.CustomerID, body, &got); err != nil {
 			return seeded, fmt.Errorf("seed: credit wallet %s: %w", w.CustomerID, err)
@@ -86,7 +108,7 @@ func Seed(ctx context.Context, e *Env) (Seeded, error) {
 		seeded.Wallets = append(seeded.Wallets, got)
 	}
 	for _, s := range demo.Stock {
-		got, err := seedStock(ctx, client, token, e.URL(inventory.Name)+"/stock/"+url.PathEscape(s.SKU), s)
+		got, err := seedStock(ctx, client, token, target.InventoryURL+"/stock/"+url.PathEscape(s.SKU), s)
 		if err != nil {
 			return seeded, fmt.Errorf("seed: stock %s: %w", s.SKU, err)
 		}
@@ -94,7 +116,7 @@ func Seed(ctx context.Context, e *Env) (Seeded, error) {
 	}
 	for _, p := range demo.Products {
 		var got Product
-		u := e.URL(order.Name) + "/products/" + url.PathEscape(p.SKU)
+		u := target.OrderURL + "/products/" + url.PathEscape(p.SKU)
 		body := map[string]any{"name": p.Name, "unit_price_cents": p.UnitPriceCents}
 		if err := call(ctx, client, token, http.MethodPut, u, "", body, &got); err != nil {
 			return seeded, fmt.Errorf("seed: price %s: %w", p.SKU, err)
