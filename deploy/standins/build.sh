@@ -30,14 +30,20 @@ export PATH="/usr/local/go/bin:$PATH"
 
 log() { printf 'standins: %s\n' "$*" >&2; }
 
-# inputs_hash prints a short hash of its arguments' text and of the files
-# named after "--".
+# inputs_hash prints a short hash of its arguments' text, of the files
+# named after "--", and of the functions that build an image (the caller's
+# and those they call), so that an edit elsewhere in this script rebuilds
+# nothing.
 inputs_hash() {
 	local text=() files=()
 	while [ $# -gt 0 ] && [ "$1" != -- ]; do text+=("$1"); shift; done
 	[ $# -gt 0 ] && shift
 	files=("$@")
-	{ printf '%s\n' "${text[@]}"; cat "$here/build.sh" "${files[@]}"; } | sha256sum | cut -c1-12
+	{
+		printf '%s\n' "${text[@]}"
+		declare -f "${FUNCNAME[1]}" new_rootfs copy_libs import_rootfs go_tool_build
+		cat "${files[@]}" /dev/null
+	} | sha256sum | cut -c1-12
 }
 
 present() { docker image inspect "$1" >/dev/null 2>&1; }
@@ -128,10 +134,11 @@ build_postgres() {
 }
 
 # go_tool_build builds a Go main package of a module version into out,
-# statically; a module whose go.mod has replace or exclude directives is
-# built as the main module, from its source in the module cache.
+# statically, with the -X flags given; a module whose go.mod has replace or
+# exclude directives is built as the main module, from its source in the
+# module cache.
 go_tool_build() {
-	local module=$1 version=$2 pkg=$3 out=$4
+	local module=$1 version=$2 pkg=$3 out=$4 x=${5:-}
 	[ -x "$out" ] && return
 	local src
 	src=$(cd "$root" && go mod download -json "$module@$version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
@@ -139,7 +146,7 @@ go_tool_build() {
 	rm -rf "$work"
 	cp -r "$src" "$work"
 	chmod -R u+w "$work"
-	(cd "$work" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags='-s -w' -o "$out.tmp" "$pkg")
+	(cd "$work" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags="-s -w $x" -o "$out.tmp" "$pkg")
 	mv "$out.tmp" "$out"
 	rm -rf "$work"
 }
@@ -211,7 +218,8 @@ build_compose() {
 	fi
 	local version=v2.40.3 plugins=${DOCKER_CONFIG:-$HOME/.docker}/cli-plugins
 	log "compose: building Compose $version from its Go module"
-	go_tool_build github.com/docker/compose/v2 "$version" ./cmd "$cache/docker-compose-$version"
+	go_tool_build github.com/docker/compose/v2 "$version" ./cmd "$cache/docker-compose-$version" \
+		"-X github.com/docker/compose/v2/internal.Version=$version"
 	mkdir -p "$plugins"
 	install -m 0755 "$cache/docker-compose-$version" "$plugins/docker-compose"
 	log "compose: $(docker compose version)"
@@ -225,3 +233,8 @@ for what in "${@:-postgres nats mailpit go compose}"; do
 done
 printf 'export POSTGRES_IMAGE=%s\nexport NATS_IMAGE=%s\nexport MAILPIT_IMAGE=%s\nexport GO_IMAGE=%s\n' \
 	"$POSTGRES_IMAGE" "$NATS_IMAGE" "$MAILPIT_IMAGE" "$GO_IMAGE"
+# For testcontainers (TEST_CONTAINERS=on): its reaper's image cannot be
+# pulled either, and on a machine that looks like a container (/.dockerenv)
+# it would dial the containers' ports on the default gateway, where
+# testenv.OnLoopback does not publish them.
+printf 'export TESTCONTAINERS_RYUK_DISABLED=true\nexport TESTCONTAINERS_HOST_OVERRIDE=127.0.0.1\n'

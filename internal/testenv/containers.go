@@ -3,10 +3,13 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/network"
 	"github.com/testcontainers/testcontainers-go"
 )
 
@@ -110,4 +113,20 @@ func imagePresent(ctx context.Context, image string) (present bool) {
 	defer cancel()
 	_, err = provider.Client().ImageInspect(ctx, image)
 	return err == nil
+}
+
+// OnLoopback publishes a container's ports (e.g. "5432/tcp") on 127.0.0.1
+// only, each on a free port. Docker Engine 20.10 may publish a port on
+// different host ports for IPv4 and IPv6, and testcontainers then dials
+// 127.0.0.1 on the IPv6 one; bound to one address, a port has one host
+// port, and no other host reaches the test's servers.
+func OnLoopback(ports ...string) testcontainers.CustomizeRequestOption {
+	return testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
+		if hc.PortBindings == nil {
+			hc.PortBindings = network.PortMap{}
+		}
+		for _, p := range ports {
+			hc.PortBindings[network.MustParsePort(p)] = []network.PortBinding{{HostIP: netip.MustParseAddr("127.0.0.1"), HostPort: "0"}}
+		}
+	})
 }

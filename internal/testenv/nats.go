@@ -235,7 +235,8 @@ func (e *environment) startNATS(ctx context.Context) (string, error) {
 		return "", nil
 	}
 	// Without the module's default -DV: trace logging of every message.
-	ctr, err := tcnats.Run(ctx, NATSImage(), testcontainers.WithCmd("-js"))
+	ctr, err := tcnats.Run(ctx, NATSImage(), testcontainers.WithCmd("-js"),
+		OnLoopback("4222/tcp", "6222/tcp", "8222/tcp"))
 	e.markDockerUsed()
 	if err != nil {
 		return "", errors.Join(fmt.Errorf("nats container: %w", err), testcontainers.TerminateContainer(ctr))

@@ -201,6 +201,7 @@ func (e *environment) startPostgres(ctx context.Context) (*pgServer, error) {
 				"-c", "max_connections=300",
 			),
 			tcpostgres.BasicWaitStrategies(),
+			OnLoopback("5432/tcp"),
 		)
 		e.markDockerUsed()
 		if err != nil {

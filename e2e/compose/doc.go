@@ -1,0 +1,15 @@
+// Package compose runs the compose demo for real, as a user does, on a
+// Docker engine: `docker compose up --build` of the repository's
+// docker-compose.yml, the README's calls from an HTTP client on the
+// published ports, a service's container restarted and the NATS container
+// killed while a few hundred orders are placed, `onceflow audit` inside the
+// compose network, and `docker compose down -v`, after which nothing of
+// the project is left.
+//
+// Where no registry answers, the images are the stand-ins of
+// deploy/standins/build.sh (make demo-images), which the test runs itself
+// (cached: a second run builds nothing) unless COMPOSE_TEST_OFFICIAL_IMAGES
+// is set, when the official images are pulled. Without a Docker engine or
+// `docker compose`, the test is skipped with the reason. make demo-test
+// runs it; so does .ci/run.
+package compose
