@@ -143,7 +143,9 @@ type faultError struct {
 	err  error
 }
 
-func (e *faultError) Error() string { return "docker compose " + e.args[0] + ": " + e.err.Error() + ": " + e.out }
+func (e *faultError) Error() string {
+	return "docker compose " + e.args[0] + ": " + e.err.Error() + ": " + e.out
+}
 
 // audit runs `onceflow audit` in the compose network, with the console's
 // environment (the four databases, NATS as the operator): zero violations.
