@@ -76,6 +76,7 @@ func (s *pgServer) startContainer(ctx context.Context, reason string) (string, e
 	ctr, err := tcpostgres.Run(ctx, testenv.PostgresImage(),
 		testcontainers.WithCmd("postgres", "-c", "max_connections=400"),
 		tcpostgres.BasicWaitStrategies(),
+		testenv.OnLoopback("5432/tcp"),
 	)
 	if err != nil {
 		return "", errors.Join(fmt.Errorf("postgres container: %w", err), testcontainers.TerminateContainer(ctr))
