@@ -31,4 +31,4 @@ demo-images:
 
 ## demo-test: the compose demo end to end on a Docker engine (stand-ins built first): up, the README's calls, a container restarted and NATS killed mid-load, the audit, down -v
 demo-test:
-	eval "$$(bash deploy/standins/build.sh)" && $(GO) test -count=1 -v -timeout 30m ./e2e/compose
+	eval "$$(bash deploy/standins/build.sh)" && COMPOSE_DEMO_TEST=1 $(GO) test -count=1 -v -timeout 30m ./e2e/compose

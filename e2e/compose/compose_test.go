@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,6 +22,10 @@ var (
 )
 
 func TestComposeDemo(t *testing.T) {
+	if os.Getenv("COMPOSE_DEMO_TEST") == "" {
+		// Minutes of image builds and containers: not part of go test ./...
+		t.Skip("compose demo: set COMPOSE_DEMO_TEST=1 to run it (make demo-test and .ci/run do)")
+	}
 	if why := dockerMissing(t.Context()); why != "" {
 		t.Skip("compose demo: " + why)
 	}

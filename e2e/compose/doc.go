@@ -9,7 +9,8 @@
 // Where no registry answers, the images are the stand-ins of
 // deploy/standins/build.sh (make demo-images), which the test runs itself
 // (cached: a second run builds nothing) unless COMPOSE_TEST_OFFICIAL_IMAGES
-// is set, when the official images are pulled. Without a Docker engine or
-// `docker compose`, the test is skipped with the reason. make demo-test
-// runs it; so does .ci/run.
+// is set, when the official images are pulled. It runs only with
+// COMPOSE_DEMO_TEST=1 (make demo-test and .ci/run set it), not in go test
+// ./...; without a Docker engine or `docker compose`, it is skipped with
+// the reason.
 package compose

@@ -40,6 +40,9 @@ type devEnv struct {
 	// IssuerHosts are host names the dev issuer's POST /token answers
 	// besides its own address's (for --host other than loopback).
 	IssuerHosts []string `env:"ISSUER_HOSTS"`
+	// PostgresImage is PostgreSQL's image when no installation is found
+	// and a Docker engine answers.
+	PostgresImage string `env:"POSTGRES_IMAGE"`
 }
 
 // devStopTimeout bounds the shutdown after Ctrl-C; a second Ctrl-C kills.
@@ -118,7 +121,11 @@ it cleanly and removes what it created.
 
 With DATABASE_URL set, its server is used instead of a local cluster: the
 databases onceflow_order, onceflow_payment, onceflow_inventory and
-onceflow_notify are created on it if missing, and kept. The services read
+onceflow_notify are created on it if missing, and kept. Without it and
+without a PostgreSQL installation (initdb, postgres), PostgreSQL runs in a
+Docker container of POSTGRES_IMAGE (default `+dev.DefaultPostgresImage+`;
+make demo-images builds a stand-in where no registry answers), removed on
+exit. The services read
 every other setting (CONSUMER_BATCH_SIZE, SMTP_ADDR, …) from the environment
 as 'onceflow <service>' does.`)
 	seed := fs.Bool("seed", false, "credit wallets alice and bob and stock apple, pear and plum once the services are ready")
@@ -162,6 +169,7 @@ as 'onceflow <service>' does.`)
 		DatabaseURL:    denv.DatabaseURL,
 		OperatorSecret: denv.OperatorSecret,
 		IssuerHosts:    denv.IssuerHosts,
+		PostgresImage:  denv.PostgresImage,
 		DataDir:        *dataDir,
 		Durable:        *durable,
 		NATSSync:       syncMode,

@@ -83,6 +83,13 @@ type Config struct {
 	// DatabasePrefix prefixes the service names to name the databases;
 	// default "onceflow_" (onceflow_order, …).
 	DatabasePrefix string
+	// PostgresImage is the image of PostgreSQL in a container, which Start
+	// runs when no PostgreSQL installation is found (nor DatabaseURL set)
+	// and a Docker engine answers; default DefaultPostgresImage.
+	PostgresImage string
+	// PostgresBinDir holds initdb and postgres; empty means found on PATH
+	// or in the usual places (see localpg).
+	PostgresBinDir string
 	// DataDir, when set, keeps the local cluster (DataDir/postgres) and the
 	// JetStream store (DataDir/nats) across runs. Empty means temporary
 	// directories, removed by Stop.
@@ -180,6 +187,7 @@ type Env struct {
 	nats      *server.Server
 	tempDirs  []string
 	cluster   *localpg.Cluster
+	container *postgresContainer // PostgreSQL in Docker, for want of an installation
 
 	cancel context.CancelFunc // ends the services
 	done   chan struct{}      // closed when every service has returned
@@ -353,6 +361,9 @@ func (e *Env) stop(ctx context.Context) error {
 	if e.cluster != nil {
 		errs = append(errs, e.cluster.Stop(ctx))
 	}
+	if e.container != nil {
+		errs = append(errs, e.container.stop(ctx))
+	}
 	for _, dir := range e.tempDirs {
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, fmt.Errorf("remove %s: %w", dir, err))
@@ -515,12 +526,30 @@ func (e *Env) startPostgres(ctx context.Context, cfg Config) (func(database stri
 		Dir:     dir,
 		Port:    cfg.Ports.Postgres,
 		Durable: cfg.Durable,
+		BinDir:  cfg.PostgresBinDir,
 	}, e.logger.With("component", "postgres"))
+	if errors.Is(err, localpg.ErrNotInstalled) {
+		return e.startPostgresContainer(ctx, cfg)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("local postgres (set DATABASE_URL to use a server of your own): %w", err)
 	}
 	e.cluster = cluster
 	return func(database string) string { return cluster.URL(cmp.Or(database, "postgres")) }, nil
+}
+
+// startPostgresContainer runs PostgreSQL in a Docker container, for want
+// of an installation, and says so.
+func (e *Env) startPostgresContainer(ctx context.Context, cfg Config) (func(database string) string, error) {
+	image := cmp.Or(cfg.PostgresImage, DefaultPostgresImage)
+	c, err := startPostgresContainer(ctx, image, cfg.Host, cfg.Ports.Postgres, cfg.Durable)
+	if err != nil {
+		return nil, err
+	}
+	e.container = c
+	e.logger.InfoContext(ctx, "no PostgreSQL installation: PostgreSQL runs in a Docker container, removed on exit",
+		"image", image, "container", c.id[:min(12, len(c.id))])
+	return serverURLs(c.adminURL)
 }
 
 // dir returns dataDir/name, created if missing, or a new temporary

@@ -200,6 +200,8 @@ func (e *environment) startPostgres(ctx context.Context) (*pgServer, error) {
 				"-c", "full_page_writes=off",
 				"-c", "max_connections=300",
 			),
+			// Test data: initdb need not fsync either.
+			testcontainers.WithEnv(map[string]string{"POSTGRES_INITDB_ARGS": "--no-sync"}),
 			tcpostgres.BasicWaitStrategies(),
 			OnLoopback("5432/tcp"),
 		)
