@@ -87,12 +87,16 @@ func (c *client) json(t *testing.T, method, u, token string, body, out any, head
 }
 
 // token asks the dev issuer for a token, as the README's
-// `curl -X POST localhost:8084/token -d sub=alice` does.
-func (c *client) token(t *testing.T, form url.Values) string {
+// `curl -X POST localhost:8084/token -d sub=alice` does, presenting the
+// operator secret (an admin token needs it) unless it is "".
+func (c *client) token(t *testing.T, form url.Values, secret string) string {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, issuerURL+"/token", strings.NewReader(form.Encode()))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if secret != "" {
+		req.Header.Set("Authorization", "Bearer "+secret)
+	}
 	resp, err := c.http.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()

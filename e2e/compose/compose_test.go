@@ -42,8 +42,8 @@ func TestComposeDemo(t *testing.T) {
 	t.Logf("up --build to healthy and seeded: %s", time.Since(up).Round(100*time.Millisecond))
 
 	c := newClient()
-	alice := c.token(t, url.Values{"sub": {"alice"}, "email": {"alice@example.com"}})
-	admin := c.token(t, url.Values{"sub": {"ops"}, "role": {"admin"}})
+	alice := c.token(t, url.Values{"sub": {"alice"}, "email": {"alice@example.com"}}, "")
+	admin := c.token(t, url.Values{"sub": {"ops"}, "role": {"admin"}}, "onceflow-demo")
 	confirmed := readmeCalls(t, c, alice)
 	t.Logf("up to the first CONFIRMED order: %s", confirmed.Sub(up).Round(100*time.Millisecond))
 	cancelledForPlums(t, c, alice)

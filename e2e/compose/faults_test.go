@@ -24,7 +24,7 @@ func loadWithFaults(t *testing.T, p *project, c *client, admin string, n int) []
 	customer := "loader"
 	c.json(t, http.MethodPost, paymentURL+"/wallets/"+customer+"/credits", admin, map[string]int64{"amount_cents": int64(n) * 1000}, nil, "Idempotency-Key", "load-credit")
 	c.json(t, http.MethodPost, inventoryURL+"/stock/apple/receipts", admin, map[string]int64{"quantity": int64(n)}, nil, "Idempotency-Key", "load-receipt")
-	token := c.token(t, url.Values{"sub": {customer}, "email": {"loader@example.com"}})
+	token := c.token(t, url.Values{"sub": {customer}, "email": {"loader@example.com"}}, "")
 
 	ids := make([]string, n)
 	var placed atomic.Int64

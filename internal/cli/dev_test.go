@@ -86,6 +86,7 @@ func TestDev(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(claims), `"email":"alice@example.com"`)
 	requireAdminTokenForThePrintedSecret(t, out)
+	requireSeedIsAReplay(t, out)
 
 	cancel()
 	select {
@@ -123,6 +124,29 @@ func requireAdminTokenForThePrintedSecret(t *testing.T, out string) {
 	require.Equal(t, http.StatusUnauthorized, token(admin, ""))
 	require.Equal(t, http.StatusOK, token(admin, secret[1]))
 	require.Equal(t, http.StatusOK, token(url.Values{"sub": {"carol"}, "email": {"carol@example.com"}}, ""))
+}
+
+// requireSeedIsAReplay runs `onceflow seed` (the compose demo's seed job)
+// against the services dev printed, which dev --seed has seeded: it
+// writes what dev --seed wrote, once (alice still has 100000 cents).
+func requireSeedIsAReplay(t *testing.T, out string) {
+	t.Helper()
+	for _, name := range []string{"order", "payment", "inventory", "issuer"} {
+		m := regexp.MustCompile(`(?m)^  ` + name + `\s+(http://\S+)`).FindStringSubmatch(out)
+		require.Len(t, m, 2, out)
+		t.Setenv(strings.ToUpper(name)+"_URL", m[1])
+	}
+	secret := regexp.MustCompile(`(?m)^  export OPERATOR_SECRET=(\S+)$`).FindStringSubmatch(out)
+	require.Len(t, secret, 2, out)
+
+	var stdout, stderr bytes.Buffer
+	t.Setenv("ISSUER_OPERATOR_SECRET", "wrong")
+	require.ErrorContains(t, Run(t.Context(), []string{"seed"}, &stdout, &stderr), "401", "an admin token without the issuer's secret")
+	t.Setenv("ISSUER_OPERATOR_SECRET", secret[1])
+	require.NoError(t, Run(t.Context(), []string{"seed"}, &stdout, &stderr), stderr.String())
+	require.Contains(t, stdout.String(), "wallet alice: 100000 cents\n")
+	require.Contains(t, stdout.String(), "stock apple: 100\n")
+	require.Contains(t, stdout.String(), "price plum: 500 cents\n")
 }
 
 // onceflow dev warns unless it listens on a loopback address only.

@@ -22,6 +22,8 @@ type seedEnv struct {
 	PaymentURL   string `env:"PAYMENT_URL" envDefault:"http://127.0.0.1:8081"`
 	InventoryURL string `env:"INVENTORY_URL" envDefault:"http://127.0.0.1:8082"`
 	IssuerURL    string `env:"ISSUER_URL" envDefault:"http://127.0.0.1:8084"`
+	// OperatorSecret is what the issuer wants to issue an admin token.
+	OperatorSecret string `env:"ISSUER_OPERATOR_SECRET"`
 }
 
 // seedSubject is the operator the seed's token names, as onceflow dev's.
@@ -39,7 +41,9 @@ Environment:
   ORDER_URL      default http://127.0.0.1:8080
   PAYMENT_URL    default http://127.0.0.1:8081
   INVENTORY_URL  default http://127.0.0.1:8082
-  ISSUER_URL     the dev token issuer; default http://127.0.0.1:8084`)
+  ISSUER_URL     the dev token issuer; default http://127.0.0.1:8084
+  ISSUER_OPERATOR_SECRET  what the issuer wants for an admin token (its
+                 log says it where it made one up)`)
 	if err := parse(fs, args, inv.stdout); err != nil {
 		return helped(err)
 	}
@@ -50,7 +54,7 @@ Environment:
 	if err != nil {
 		return fmt.Errorf("seed config: %w", err)
 	}
-	token, err := issuerToken(ctx, cfg.IssuerURL, seedSubject)
+	token, err := issuerToken(ctx, cfg.IssuerURL, cfg.OperatorSecret, seedSubject)
 	if err != nil {
 		return fmt.Errorf("seed: %w", err)
 	}
@@ -76,8 +80,8 @@ Environment:
 }
 
 // issuerToken asks the dev token issuer at issuerURL for an operator's
-// token (role admin) naming subject.
-func issuerToken(ctx context.Context, issuerURL, subject string) (string, error) {
+// token (role admin) naming subject, presenting its operator secret.
+func issuerToken(ctx context.Context, issuerURL, secret, subject string) (string, error) {
 	form := url.Values{"sub": {subject}, "role": {"admin"}}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -86,6 +90,7 @@ func issuerToken(ctx context.Context, issuerURL, subject string) (string, error)
 		return "", fmt.Errorf("token: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", "Bearer "+secret)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return "", fmt.Errorf("token: %w", err)
