@@ -11,7 +11,13 @@ ARG GO_IMAGE=golang:1.26.8
 
 FROM ${GO_IMAGE} AS build
 WORKDIR /src
-COPY . .
+# The binary's sources only (go list -deps ./cmd/onceflow): an edit of the
+# docs, the tests outside them or the compose file rebuilds nothing.
+COPY go.mod go.sum ./
+COPY cmd ./cmd
+COPY db ./db
+COPY internal ./internal
+COPY services ./services
 # Only the modules the binary imports are fetched (not the sqlc tool's).
 RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/onceflow ./cmd/onceflow
 # The image user's home: compose mounts the nats-auth volume there, and a
