@@ -465,3 +465,29 @@ func TestComposePostgresIsNotPublished(t *testing.T) {
 	require.Equal(t, "127.0.0.1", ports[0].HostIP)
 	require.Equal(t, "5432", ports[0].Published)
 }
+
+// The Dockerfile copies the binary's sources only: every package of the
+// module that ./cmd/onceflow imports lies in a directory it copies.
+func TestDockerfileCopiesTheBinarysSources(t *testing.T) {
+	t.Parallel()
+	dockerfile, err := os.ReadFile(filepath.Join(repoRoot, "Dockerfile"))
+	require.NoError(t, err)
+	copied := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^COPY\s+([^-].*)$`).FindAllStringSubmatch(string(dockerfile), -1) {
+		fields := strings.Fields(m[1])
+		for _, src := range fields[:len(fields)-1] { // the last is the destination
+			copied[src] = true
+		}
+	}
+	require.True(t, copied["go.mod"] && copied["go.sum"], "the Dockerfile copies %v", copied)
+
+	cmd := exec.CommandContext(t.Context(), "go", "list", "-deps", "-f", "{{if .Module}}{{if .Module.Main}}{{.ImportPath}}{{end}}{{end}}", "./cmd/onceflow")
+	cmd.Dir = repoRoot
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	for _, pkg := range strings.Fields(string(out)) {
+		rel := strings.TrimPrefix(pkg, "github.com/onceflow/onceflow/")
+		top, _, _ := strings.Cut(rel, "/")
+		require.True(t, copied[top], "the binary imports %s, whose directory %s the Dockerfile does not copy", pkg, top)
+	}
+}
