@@ -37,7 +37,7 @@ var extras = map[string]map[string]string{
 		"setup_test.go":   "test helpers shared by order's several test files",
 		"batch.go":        "the set-based form of its handlers (inbox.BatchHandler), an optimisation",
 		"batch_test.go":   "its tests",
-		"admission.go":    "the admission control of POST /orders (MAX_ORDERS_IN_FLIGHT): the saga's entry point refuses work while the saga is behind",
+		"admission.go":    "the admission control of POST /orders (MAX_ORDERS_IN_FLIGHT): the saga's entry point refuses work while the saga is behind, and each caller's orders past ORDER_RATE_LIMIT",
 		"catalog.go":      "the product catalog, which prices an order's lines on the server",
 		"catalog_test.go": "its tests",
 		"cursor.go":       "the opaque cursor of GET /orders' pages",

@@ -1,6 +1,7 @@
 package order
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -8,8 +9,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/onceflow/onceflow/internal/auth"
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/services/order/internal/dbsqlc"
 )
@@ -120,4 +123,24 @@ func (c *admissionCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *admissionCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(c.a.inFlight.Load()))
 	ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(c.a.refused.Load()))
+}
+
+// Defaults of the per-caller limit on POST /orders.
+const (
+	DefaultOrdersPerSecond = 100
+	DefaultOrdersBurst     = 200
+)
+
+// perCaller is the middleware that limits each caller's POST /orders, or
+// nil for none.
+func (cfg Config) perCaller() echo.MiddlewareFunc {
+	if cfg.OrdersPerSecond < 0 {
+		return nil
+	}
+	perSecond := cmp.Or(cfg.OrdersPerSecond, DefaultOrdersPerSecond)
+	burst := cmp.Or(cfg.OrdersBurst, DefaultOrdersBurst)
+	return httpapi.PerCaller(perSecond, burst, func(c echo.Context) string {
+		caller, _ := auth.Caller(c)
+		return caller.Subject
+	})
 }

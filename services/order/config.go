@@ -1,16 +1,12 @@
 package order
 
 import (
-	"cmp"
 	"fmt"
 	"time"
 
 	"github.com/caarlos0/env/v11"
-	"github.com/labstack/echo/v4"
 
 	"github.com/onceflow/onceflow/internal/app"
-	"github.com/onceflow/onceflow/internal/auth"
-	"github.com/onceflow/onceflow/internal/httpapi"
 )
 
 // Config is the order service's configuration, read from the environment.
@@ -40,26 +36,6 @@ type Config struct {
 	// for due orders; it wakes sooner for the earliest deadline it knows.
 	// Zero takes DefaultExpiryInterval.
 	ExpiryInterval time.Duration `env:"ORDER_EXPIRY_INTERVAL" envDefault:"1s"`
-}
-
-// Defaults of the per-caller limit on POST /orders.
-const (
-	DefaultOrdersPerSecond = 100
-	DefaultOrdersBurst     = 200
-)
-
-// perCaller is the middleware that limits each caller's POST /orders, or
-// nil for none.
-func (cfg Config) perCaller() echo.MiddlewareFunc {
-	if cfg.OrdersPerSecond < 0 {
-		return nil
-	}
-	perSecond := cmp.Or(cfg.OrdersPerSecond, DefaultOrdersPerSecond)
-	burst := cmp.Or(cfg.OrdersBurst, DefaultOrdersBurst)
-	return httpapi.PerCaller(perSecond, burst, func(c echo.Context) string {
-		caller, _ := auth.Caller(c)
-		return caller.Subject
-	})
 }
 
 // LoadConfig reads Config from the environment.
