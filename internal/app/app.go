@@ -176,6 +176,8 @@ func connect(ctx context.Context, name string, cfg Config, logger *slog.Logger) 
 
 	c.nc, err = nats.Connect(cfg.NATSURL, append(cfg.natsClient().Options(name),
 		nats.Name("onceflow-"+name),
+		// The handshake's default of 2s fails a start on a loaded machine.
+		nats.Timeout(10*time.Second),
 		nats.MaxReconnects(-1),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {

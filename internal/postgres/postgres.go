@@ -77,11 +77,30 @@ func Connect(ctx context.Context, url string, configure ...func(*pgxpool.Config)
 	if err != nil {
 		return nil, fmt.Errorf("open pool: %w", err)
 	}
-	if err := pool.Ping(ctx); err != nil {
+	if err := ping(ctx, pool); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("ping %s@%s/%s: %w", cfg.ConnConfig.User, cfg.ConnConfig.Host, cfg.ConnConfig.Database, err)
 	}
 	return pool, nil
+}
+
+// startupPings is how many times Connect pings a server that does not
+// answer within the pool's acquire timeout (WithTimeouts).
+const startupPings = 10
+
+// ping checks that the server answers. The acquire timeout bounds a
+// request's wait for a connection, and so each ping's, but a first
+// connection may take longer on a loaded machine: the pool goes on opening
+// it, and a timed-out ping is tried again, up to startupPings times, while
+// ctx lasts. Any other error is final.
+func ping(ctx context.Context, pool *pgxpool.Pool) error {
+	var err error
+	for range startupPings {
+		if err = pool.Ping(ctx); err == nil || !IsTimeout(err) || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
 }
 
 // Migrate applies every pending migration of schema to the database of pool.
