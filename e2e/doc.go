@@ -50,5 +50,14 @@
 // and so run alone. A failing scenario dumps the
 // end of every process's log. E2E_SCALE (a positive number, default 1)
 // multiplies every scenario's load for a longer soak;
-// `go test -count=10 -run TestCrash ./e2e` is the stress mode.
+// `go test -timeout 60m -count=10 -run TestCrash ./e2e` is the stress mode
+// (ten runs of a scenario outlast go test's default -timeout of 10m).
+//
+// A scenario's checks of what its fault met do not rest on timing: the
+// test arranges the moment (TestDatabaseCrash holds the row locks the
+// services' next writes need until a relay's mark and a handler wait behind
+// them, then kills; TestClusterAtomicBatches freezes the stream leader the
+// moment a batch is on the wire; TestReplicas freezes the busy instances
+// until another works), awaits it, or says in a comment why it always
+// happens.
 package e2e
