@@ -5,7 +5,7 @@ GO ?= go
 
 ## test: every test against real PostgreSQL and NATS JetStream, race detector on
 test:
-	$(GO) test -race ./...
+	$(GO) test -race -timeout 30m ./...
 
 ## generate: regenerate the sqlc code after editing db/queries or db/migrations
 generate:
