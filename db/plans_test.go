@@ -39,7 +39,7 @@ func TestBatchUpdatesProbeTheirKeysWhenPlannedOnAnEmptyTable(t *testing.T) {
 	updates := map[string]map[string]bool{
 		"order":     {"SetOrderStatuses": true, "MarkLate": true},
 		"payment":   {"DebitWallets": true},
-		"inventory": {"DecrementStock": true},
+		"inventory": {"DecrementStock": true, "IncrementStock": false},
 		// The mailer's, after a failed delivery.
 		"notify": {"MarkNotificationAttemptsFailed": false},
 	}

@@ -22,7 +22,7 @@ import (
 const ordersPerPage = 50
 
 // statuses are the order statuses, for the filter.
-var statuses = []string{"PENDING", "PAID", "CONFIRMED", "REJECTED", "CANCELLED"}
+var statuses = []string{"PENDING", "PAID", "CONFIRMED", "REJECTED", "CANCELLED", "EXPIRED"}
 
 // ordersQuery is the list's search: an order id, or a customer, and a
 // status; Before is the page's cursor.
@@ -118,7 +118,7 @@ func (s *Server) orderData(c echo.Context) (map[string]any, error) {
 	if err != nil {
 		return nil, err
 	}
-	terminal := o.Status == "CONFIRMED" || o.Status == "REJECTED" || o.Status == "CANCELLED"
+	terminal := o.Status == "CONFIRMED" || o.Status == "REJECTED" || o.Status == "CANCELLED" || o.Status == "EXPIRED"
 	done := terminal && !slices.ContainsFunc(hops, func(h hop) bool { return h.Pending })
 	return map[string]any{
 		"Order": o, "Lines": lines, "Timeline": timeline,
@@ -210,7 +210,7 @@ func serviceOf(durable string) string {
 // kindOf marks the saga's compensations and rejections.
 func kindOf(typ event.Type) string {
 	switch typ {
-	case event.PaymentRefunded, event.StockRejected, event.OrderCancelled:
+	case event.PaymentRefunded, event.StockRejected, event.OrderCancelled, event.OrderExpired:
 		return "compensation"
 	case event.PaymentRejected, event.OrderRejected:
 		return "rejection"

@@ -30,6 +30,8 @@ const (
 	OrderPayments     = "order-payments"     // order ← PaymentDebited/Rejected/Refunded
 	OrderInventory    = "order-inventory"    // order ← StockReserved/Rejected
 	NotifyOrders      = "notify-orders"      // notify ← order milestones
+	PaymentExpiries   = "payment-expiries"   // payment ← OrderExpired (refund)
+	InventoryExpiries = "inventory-expiries" // inventory ← OrderExpired (release)
 
 	// DLQSubjectPrefix prefixes the consumer name on dead-letter subjects.
 	DLQSubjectPrefix = "dlq."
@@ -217,7 +219,13 @@ func Saga(cfg Config) Topology {
 			// match the other durables' replay subjects.
 			{Stream: Payments, Durable: OrderPayments, Service: "order", FilterSubjects: []string{"payments.debited.v1", "payments.rejected.v1", "payments.refunded.v1"}},
 			{Stream: Inventory, Durable: OrderInventory, Service: "order", FilterSubjects: []string{"inventory.reserved.v1", "inventory.rejected.v1"}},
-			{Stream: Orders, Durable: NotifyOrders, Service: "notify", FilterSubjects: []string{"orders.placed.v1", "orders.confirmed.v1", "orders.rejected.v1", "orders.cancelled.v1"}},
+			{Stream: Orders, Durable: NotifyOrders, Service: "notify", FilterSubjects: []string{"orders.placed.v1", "orders.confirmed.v1", "orders.rejected.v1", "orders.cancelled.v1", "orders.expired.v1"}},
+			// The compensations of an expired order, on durables of their
+			// own: an OrderExpired may overtake the OrderPlaced or
+			// PaymentDebited it undoes, and each handler settles either
+			// order (docs/saga.md).
+			{Stream: Orders, Durable: PaymentExpiries, Service: "payment", FilterSubjects: []string{"orders.expired.v1"}},
+			{Stream: Orders, Durable: InventoryExpiries, Service: "inventory", FilterSubjects: []string{"orders.expired.v1"}},
 		},
 	}
 }

@@ -203,6 +203,7 @@ func TestPermissionsFollowTheTopology(t *testing.T) {
 	}
 	require.Contains(t, onOrders, "orders.placed.v1.replay.payment-orders")
 	require.Contains(t, onOrders, "orders.confirmed.v1.replay.shipping-orders")
+	require.Contains(t, onOrders, "orders.expired.v1.replay.payment-expiries")
 	require.ElementsMatch(t, onOrders, order.DenyPublish)
 
 	operator := topology.Permissions(streams.Operator)

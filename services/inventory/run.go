@@ -18,6 +18,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		return app.Spec{
 			Subscriptions: []app.Subscription{
 				{Stream: streams.Payments, Durable: streams.InventoryPayments, Handler: s.HandlePaymentDebited, BatchHandler: s.HandlePaymentDebitedBatch},
+				{Stream: streams.Orders, Durable: streams.InventoryExpiries, Handler: s.HandleOrderExpired, BatchHandler: s.HandleOrderExpiredBatch},
 			},
 			Routes: s.Routes,
 		}, nil

@@ -1,7 +1,7 @@
 // Package notify owns notifications: one e-mail per (order, milestone).
 //
 // It consumes the order milestones — OrderPlaced, OrderConfirmed,
-// OrderRejected and OrderCancelled, on the notify-orders durable of the
+// OrderRejected, OrderCancelled and OrderExpired, on the notify-orders durable of the
 // ORDERS stream — and for each writes one row to the notifications table,
 // its own mail outbox, in the same transaction as the event's inbox row. A
 // Mailer then sends that outbox, over SMTP when SMTP_ADDR is set (Mailpit in

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/mail"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,6 +21,7 @@ const (
 	KindConfirmed = "confirmed"
 	KindRejected  = "rejected"
 	KindCancelled = "cancelled"
+	KindExpired   = "expired"
 )
 
 // Notification statuses, as stored.
@@ -67,6 +69,11 @@ func (s *Service) HandleOrderConfirmed(ctx context.Context, tx pgx.Tx, ev event.
 // HandleOrderRejected writes the "rejected" e-mail of the order.
 func (s *Service) HandleOrderRejected(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 	return s.writeIf(ctx, tx, ev, event.OrderRejected)
+}
+
+// HandleOrderExpired writes the "expired" e-mail of the order.
+func (s *Service) HandleOrderExpired(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	return s.writeIf(ctx, tx, ev, event.OrderExpired)
 }
 
 // HandleOrderCancelled writes the "cancelled" e-mail of the order.
@@ -139,6 +146,15 @@ func notification(ev event.Envelope) (dbsqlc.InsertNotificationParams, error) {
 		o, kind = p.Order, KindCancelled
 		subject = fmt.Sprintf("Your order %s was cancelled", p.OrderID)
 		body = fmt.Sprintf("Your order %s was cancelled%s.\nYour payment has been refunded in full.\n", p.OrderID, because(p.Reason))
+	case event.OrderExpired:
+		var p event.OrderExpiredV1
+		if err := ev.Decode(&p); err != nil {
+			return dbsqlc.InsertNotificationParams{}, err
+		}
+		o, kind = p.Order, KindExpired
+		subject = fmt.Sprintf("Your order %s could not be completed in time", p.OrderID)
+		body = fmt.Sprintf("Your order %s could not be completed by %s and has been withdrawn.\n"+
+			"Anything charged for it is refunded and nothing stays reserved.\n", p.OrderID, p.Deadline.UTC().Format(time.RFC1123))
 	default:
 		return dbsqlc.InsertNotificationParams{}, inbox.Permanent(fmt.Errorf("unexpected event type %s", ev.Type))
 	}

@@ -106,6 +106,8 @@ func milestone(t *testing.T, placed event.Envelope, typ event.Type) event.Envelo
 		payload = event.OrderRejectedV1{Order: p.Order, Reason: "insufficient funds"}
 	case event.OrderCancelled:
 		payload = event.OrderCancelledV1{Order: p.Order, Reason: "out of apple"}
+	case event.OrderExpired:
+		payload = event.OrderExpiredV1{Order: p.Order, Deadline: time.Now().UTC(), Status: "PAID", TotalCents: p.TotalCents}
 	default:
 		t.Fatalf("no milestone %s", typ)
 	}
@@ -200,6 +202,8 @@ func TestEachMilestoneWritesOneNotification(t *testing.T) {
 		{event.OrderRejected, notify.KindRejected, "was rejected", 5},
 		{event.OrderCancelled, notify.KindCancelled, "was cancelled", 1},
 		{event.OrderCancelled, notify.KindCancelled, "was cancelled", 5},
+		{event.OrderExpired, notify.KindExpired, "could not be completed in time", 1},
+		{event.OrderExpired, notify.KindExpired, "could not be completed in time", 5},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%s/%d deliveries", tt.kind, tt.deliveries), func(t *testing.T) {
@@ -288,6 +292,7 @@ func kindOf(typ event.Type) string {
 		event.OrderConfirmed: notify.KindConfirmed,
 		event.OrderRejected:  notify.KindRejected,
 		event.OrderCancelled: notify.KindCancelled,
+		event.OrderExpired:   notify.KindExpired,
 	}[typ]
 }
 

@@ -165,16 +165,39 @@ func (s *Service) insertPayments(ctx context.Context, writes *postgres.Pipeline,
 // locks every wallet the batch will touch first, in key order, as a debit
 // batch does.
 func (s *Service) HandleStockRejectedBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, _ *postgres.Pipeline) error {
+	return s.refundInKeyOrder(ctx, tx, evs, event.StockRejected, s.HandleStockRejected, func(ev event.Envelope) (uuid.UUID, error) {
+		var p event.StockRejectedV1
+		err := ev.Decode(&p)
+		return p.OrderID, err
+	})
+}
+
+// HandleOrderExpiredBatch is HandleOrderExpired for an inbox batch, with the
+// wallets locked first in key order, as HandleStockRejectedBatch does.
+func (s *Service) HandleOrderExpiredBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, _ *postgres.Pipeline) error {
+	return s.refundInKeyOrder(ctx, tx, evs, event.OrderExpired, s.HandleOrderExpired, func(ev event.Envelope) (uuid.UUID, error) {
+		var p event.OrderExpiredV1
+		err := ev.Decode(&p)
+		return p.OrderID, err
+	})
+}
+
+// refundInKeyOrder runs handle, a handler of events of type typ that may
+// refund, for each of evs, after locking the wallets of all their orders'
+// payments in key order; orderOf decodes an event's order.
+func (s *Service) refundInKeyOrder(ctx context.Context, tx pgx.Tx, evs []event.Envelope, typ event.Type,
+	handle inbox.Handler, orderOf func(event.Envelope) (uuid.UUID, error),
+) error {
 	orderIDs := make([]uuid.UUID, len(evs))
 	for i, ev := range evs {
-		if ev.Type != event.StockRejected {
+		if ev.Type != typ {
 			return inbox.Permanent(fmt.Errorf("unexpected event type %s", ev.Type))
 		}
-		var p event.StockRejectedV1
-		if err := ev.Decode(&p); err != nil {
+		id, err := orderOf(ev)
+		if err != nil {
 			return err
 		}
-		orderIDs[i] = p.OrderID
+		orderIDs[i] = id
 	}
 	customers, err := s.queries.PaymentCustomers(ctx, tx, orderIDs)
 	if err != nil {
@@ -184,7 +207,7 @@ func (s *Service) HandleStockRejectedBatch(ctx context.Context, tx pgx.Tx, evs [
 		return fmt.Errorf("lock wallets of %d customers: %w", len(customers), err)
 	}
 	for _, ev := range evs {
-		if err := s.HandleStockRejected(ctx, tx, ev); err != nil {
+		if err := handle(ctx, tx, ev); err != nil {
 			return err
 		}
 	}

@@ -20,7 +20,14 @@ const (
 	StatusDebited  = "DEBITED"
 	StatusRejected = "REJECTED"
 	StatusRefunded = "REFUNDED"
+	// StatusExpired is an order that expired before payment decided: it is
+	// never debited.
+	StatusExpired = "EXPIRED"
 )
+
+// ReasonOrderExpired is the reason of a payment refunded, or never made,
+// because its order expired.
+const ReasonOrderExpired = "order expired"
 
 // ReasonInsufficientFunds is the reason of a PaymentRejected for funds.
 const ReasonInsufficientFunds = "insufficient funds"
@@ -101,14 +108,58 @@ func (s *Service) HandleStockRejected(ctx context.Context, tx pgx.Tx, ev event.E
 	case payment.Status != StatusDebited:
 		return nil // already refunded (or never debited): nothing to undo
 	}
-	if err := s.queries.MarkRefunded(ctx, tx, p.OrderID); err != nil {
-		return fmt.Errorf("mark order %s refunded: %w", p.OrderID, err)
+	return s.refund(ctx, tx, ev, p.Order, payment, "")
+}
+
+// HandleOrderExpired undoes what payment did for an order that expired:
+// a debit is refunded, once (only a DEBITED payment is, and it becomes
+// REFUNDED in the same transaction, whether a stock refusal or the expiry
+// comes first). An order not yet decided gets an EXPIRED payment, so that
+// its OrderPlaced, when it comes after, debits nothing: the OrderExpired
+// may overtake it, on a durable of its own.
+func (s *Service) HandleOrderExpired(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	if ev.Type != event.OrderExpired {
+		return inbox.Permanent(fmt.Errorf("unexpected event type %s", ev.Type))
+	}
+	var p event.OrderExpiredV1
+	if err := ev.Decode(&p); err != nil {
+		return err
+	}
+	payment, err := s.queries.LockPayment(ctx, tx, p.OrderID)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// An OrderPlaced being handled at the same time inserts the same
+		// key: one of the two fails on it and is retried, and finds the
+		// other's decision.
+		if err := s.queries.InsertPayment(ctx, tx, dbsqlc.InsertPaymentParams{
+			OrderID:     p.OrderID,
+			CustomerID:  p.CustomerID,
+			AmountCents: p.TotalCents,
+			Status:      StatusExpired,
+			Reason:      ReasonOrderExpired,
+		}); err != nil {
+			return fmt.Errorf("record expiry of order %s: %w", p.OrderID, err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("lock payment of order %s: %w", p.OrderID, err)
+	case payment.Status != StatusDebited:
+		return nil // rejected, refunded or expired already: nothing to undo
+	}
+	return s.refund(ctx, tx, ev, p.Order, payment, ReasonOrderExpired)
+}
+
+// refund gives the locked, debited payment back to its wallet, marks it
+// REFUNDED and emits PaymentRefunded, caused by cause.
+func (s *Service) refund(ctx context.Context, tx pgx.Tx, cause event.Envelope, o event.Order, payment dbsqlc.LockPaymentRow, reason string) error {
+	if err := s.queries.MarkRefunded(ctx, tx, dbsqlc.MarkRefundedParams{OrderID: o.OrderID, Reason: reason}); err != nil {
+		return fmt.Errorf("mark order %s refunded: %w", o.OrderID, err)
 	}
 	if err := s.queries.RefundWallet(ctx, tx, dbsqlc.RefundWalletParams{CustomerID: payment.CustomerID, AmountCents: payment.AmountCents}); err != nil {
 		return fmt.Errorf("refund wallet of %s: %w", payment.CustomerID, err)
 	}
-	return emit(ctx, tx, ev, event.PaymentRefunded, event.PaymentRefundedV1{
-		Order:       event.Order{OrderID: p.OrderID, CustomerID: payment.CustomerID, CustomerEmail: p.CustomerEmail},
+	return emit(ctx, tx, cause, event.PaymentRefunded, event.PaymentRefundedV1{
+		Order:       event.Order{OrderID: o.OrderID, CustomerID: payment.CustomerID, CustomerEmail: o.CustomerEmail},
 		AmountCents: payment.AmountCents,
 	})
 }

@@ -19,6 +19,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 			Subscriptions: []app.Subscription{
 				{Stream: streams.Orders, Durable: streams.PaymentOrders, Handler: s.HandleOrderPlaced, BatchHandler: s.HandleOrderPlacedBatch},
 				{Stream: streams.Inventory, Durable: streams.PaymentInventory, Handler: s.HandleStockRejected, BatchHandler: s.HandleStockRejectedBatch},
+				{Stream: streams.Orders, Durable: streams.PaymentExpiries, Handler: s.HandleOrderExpired, BatchHandler: s.HandleOrderExpiredBatch},
 			},
 			Routes: s.Routes,
 		}, nil

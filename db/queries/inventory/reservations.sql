@@ -23,3 +23,30 @@ SELECT unnest(@order_ids::uuid[]), unnest(@statuses::text[]), unnest(@reasons::t
 -- skus[i].
 INSERT INTO reservation_lines (order_id, sku, quantity)
 SELECT unnest(@order_ids::uuid[]), unnest(@skus::text[]), unnest(@quantities::bigint[]);
+
+-- name: LockReservation :one
+-- The order's decision, locked for the rest of the transaction.
+SELECT order_id, status
+FROM reservations
+WHERE order_id = @order_id
+FOR UPDATE;
+
+-- name: ReservationLines :many
+-- What a reservation holds, in SKU order: the order its stock rows are
+-- locked in.
+SELECT sku, quantity
+FROM reservation_lines
+WHERE order_id = @order_id
+ORDER BY sku;
+
+-- name: MarkReleased :exec
+UPDATE reservations
+SET status = 'RELEASED', released_at = now()
+WHERE order_id = @order_id AND status = 'RESERVED';
+
+-- name: ReservedSkus :many
+-- The SKUs the reservations of order_ids hold, in SKU order.
+SELECT DISTINCT sku
+FROM reservation_lines
+WHERE order_id = ANY (@order_ids::uuid[])
+ORDER BY sku;

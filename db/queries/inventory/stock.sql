@@ -57,3 +57,11 @@ UPDATE stock
 SET available = stock.available - want.quantity, version = stock.version + 1, updated_at = now()
 FROM (SELECT unnest(@skus::text[]) AS sku, unnest(@quantities::bigint[]) AS quantity) AS want
 WHERE stock.sku = want.sku AND stock.sku = ANY (@skus::text[]);
+
+-- name: IncrementStock :exec
+-- Gives quantities[i] of skus[i] back: a released reservation's. The caller
+-- locked the rows in SKU order (LockStock), as a reservation does.
+UPDATE stock
+SET available = stock.available + back.quantity, version = stock.version + 1, updated_at = now()
+FROM (SELECT unnest(@skus::text[]) AS sku, unnest(@quantities::bigint[]) AS quantity) AS back
+WHERE stock.sku = back.sku AND stock.sku = ANY (@skus::text[]);

@@ -10,8 +10,10 @@ INSERT INTO payments (order_id, customer_id, amount_cents, status, reason)
 VALUES (@order_id, @customer_id, @amount_cents, @status, @reason);
 
 -- name: MarkRefunded :exec
+-- Refunds a debited payment; reason says why when it is not a stock
+-- refusal (an expired order's).
 UPDATE payments
-SET status = 'REFUNDED', refunded_at = now()
+SET status = 'REFUNDED', refunded_at = now(), reason = @reason
 WHERE order_id = @order_id AND status = 'DEBITED';
 
 -- name: InsertPayments :exec

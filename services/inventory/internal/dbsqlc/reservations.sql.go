@@ -87,3 +87,96 @@ func (q *Queries) InsertReservations(ctx context.Context, db DBTX, arg InsertRes
 	_, err := db.Exec(ctx, insertReservations, arg.OrderIds, arg.Statuses, arg.Reasons)
 	return err
 }
+
+const lockReservation = `-- name: LockReservation :one
+SELECT order_id, status
+FROM reservations
+WHERE order_id = $1
+FOR UPDATE
+`
+
+type LockReservationRow struct {
+	OrderID uuid.UUID
+	Status  string
+}
+
+// The order's decision, locked for the rest of the transaction.
+func (q *Queries) LockReservation(ctx context.Context, db DBTX, orderID uuid.UUID) (LockReservationRow, error) {
+	row := db.QueryRow(ctx, lockReservation, orderID)
+	var i LockReservationRow
+	err := row.Scan(&i.OrderID, &i.Status)
+	return i, err
+}
+
+const markReleased = `-- name: MarkReleased :exec
+UPDATE reservations
+SET status = 'RELEASED', released_at = now()
+WHERE order_id = $1 AND status = 'RESERVED'
+`
+
+func (q *Queries) MarkReleased(ctx context.Context, db DBTX, orderID uuid.UUID) error {
+	_, err := db.Exec(ctx, markReleased, orderID)
+	return err
+}
+
+const reservationLines = `-- name: ReservationLines :many
+SELECT sku, quantity
+FROM reservation_lines
+WHERE order_id = $1
+ORDER BY sku
+`
+
+type ReservationLinesRow struct {
+	Sku      string
+	Quantity int64
+}
+
+// What a reservation holds, in SKU order: the order its stock rows are
+// locked in.
+func (q *Queries) ReservationLines(ctx context.Context, db DBTX, orderID uuid.UUID) ([]ReservationLinesRow, error) {
+	rows, err := db.Query(ctx, reservationLines, orderID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ReservationLinesRow{}
+	for rows.Next() {
+		var i ReservationLinesRow
+		if err := rows.Scan(&i.Sku, &i.Quantity); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const reservedSkus = `-- name: ReservedSkus :many
+SELECT DISTINCT sku
+FROM reservation_lines
+WHERE order_id = ANY ($1::uuid[])
+ORDER BY sku
+`
+
+// The SKUs the reservations of order_ids hold, in SKU order.
+func (q *Queries) ReservedSkus(ctx context.Context, db DBTX, orderIds []uuid.UUID) ([]string, error) {
+	rows, err := db.Query(ctx, reservedSkus, orderIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []string{}
+	for rows.Next() {
+		var sku string
+		if err := rows.Scan(&sku); err != nil {
+			return nil, err
+		}
+		items = append(items, sku)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

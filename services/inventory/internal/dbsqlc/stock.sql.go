@@ -52,6 +52,25 @@ func (q *Queries) GetStock(ctx context.Context, db DBTX, sku string) (GetStockRo
 	return i, err
 }
 
+const incrementStock = `-- name: IncrementStock :exec
+UPDATE stock
+SET available = stock.available + back.quantity, version = stock.version + 1, updated_at = now()
+FROM (SELECT unnest($1::text[]) AS sku, unnest($2::bigint[]) AS quantity) AS back
+WHERE stock.sku = back.sku AND stock.sku = ANY ($1::text[])
+`
+
+type IncrementStockParams struct {
+	Skus       []string
+	Quantities []int64
+}
+
+// Gives quantities[i] of skus[i] back: a released reservation's. The caller
+// locked the rows in SKU order (LockStock), as a reservation does.
+func (q *Queries) IncrementStock(ctx context.Context, db DBTX, arg IncrementStockParams) error {
+	_, err := db.Exec(ctx, incrementStock, arg.Skus, arg.Quantities)
+	return err
+}
+
 const insertStockMovement = `-- name: InsertStockMovement :exec
 INSERT INTO stock_movements (sku, kind, delta, reason)
 VALUES ($1, $2, $3, $4)

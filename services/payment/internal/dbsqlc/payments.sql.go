@@ -95,12 +95,19 @@ func (q *Queries) LockPayment(ctx context.Context, db DBTX, orderID uuid.UUID) (
 
 const markRefunded = `-- name: MarkRefunded :exec
 UPDATE payments
-SET status = 'REFUNDED', refunded_at = now()
-WHERE order_id = $1 AND status = 'DEBITED'
+SET status = 'REFUNDED', refunded_at = now(), reason = $1
+WHERE order_id = $2 AND status = 'DEBITED'
 `
 
-func (q *Queries) MarkRefunded(ctx context.Context, db DBTX, orderID uuid.UUID) error {
-	_, err := db.Exec(ctx, markRefunded, orderID)
+type MarkRefundedParams struct {
+	Reason  string
+	OrderID uuid.UUID
+}
+
+// Refunds a debited payment; reason says why when it is not a stock
+// refusal (an expired order's).
+func (q *Queries) MarkRefunded(ctx context.Context, db DBTX, arg MarkRefundedParams) error {
+	_, err := db.Exec(ctx, markRefunded, arg.Reason, arg.OrderID)
 	return err
 }
 
