@@ -46,12 +46,15 @@ var extras = map[string]map[string]string{
 		"expirer_test.go": "its tests",
 	},
 	"payment": {
-		"batch.go":      "the set-based form of its OrderPlaced handler (inbox.BatchHandler), an optimisation",
-		"batch_test.go": "its tests",
+		"batch.go":       "the set-based form of its OrderPlaced handler (inbox.BatchHandler), an optimisation",
+		"batch_test.go":  "its tests",
+		"expiry_test.go": "the tests of its compensation of an expired order",
 	},
 	"inventory": {
-		"batch.go":      "the set-based form of its PaymentDebited handler (inbox.BatchHandler), an optimisation",
-		"batch_test.go": "its tests",
+		"batch.go":       "the set-based form of its PaymentDebited handler (inbox.BatchHandler), an optimisation",
+		"batch_test.go":  "its tests",
+		"expiry.go":      "its compensation of an expired order: the release of its reservation",
+		"expiry_test.go": "its tests",
 	},
 }
 
