@@ -47,6 +47,9 @@ type Config struct {
 	Wait time.Duration
 	// PollInterval is how often quiet is polled during Wait; default 200ms.
 	PollInterval time.Duration
+	// ExpiryGrace is how long past its deadline an order may still be open
+	// (the expirer's round, a restart of the order service); default 30s.
+	ExpiryGrace time.Duration
 }
 
 // Run audits the system of cfg and returns its report. The error is for an
@@ -76,6 +79,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
+	snap.expiryGrace = cmp.Or(cfg.ExpiryGrace, defaultExpiryGrace)
 	report.Checks = snap.checks()
 	logger.DebugContext(ctx, "audit done", "violations", report.Violations(), "waited", report.Waited)
 	return report, nil

@@ -64,7 +64,7 @@ func TestAudit(t *testing.T) {
 		}
 		var out bytes.Buffer
 		require.NoError(t, report.Print(&out))
-		require.Contains(t, out.String(), "All 10 checks hold.")
+		require.Contains(t, out.String(), "All 11 checks hold.")
 		t.Logf("clean audit:\n%s", out.String())
 	})
 
@@ -114,7 +114,7 @@ func TestAudit(t *testing.T) {
 				}
 			},
 			want:      []string{audit.CheckRefunds, audit.CheckOrders},
-			violation: fmt.Sprintf("payment of order %s is REFUNDED without a StockRejected (reservation: RESERVED)", s.confirmed),
+			violation: fmt.Sprintf("payment of order %s is REFUNDED without a StockRejected or an expiry (reservation: RESERVED)", s.confirmed),
 		},
 		{
 			name: "a StockRejected never refunded",
@@ -137,6 +137,48 @@ func TestAudit(t *testing.T) {
 			},
 			want:      []string{audit.CheckOrders},
 			violation: fmt.Sprintf("order %s is PENDING, but payment DEBITED and reservation RESERVED make it CONFIRMED", s.confirmed),
+		},
+		{
+			name: "an order open past its deadline",
+			corrupt: func(t *testing.T) func() {
+				// The running expirer would end the order; a key-share lock
+				// keeps it off (its FOR UPDATE SKIP LOCKED skips the row)
+				// without blocking the update.
+				tx, err := s.dbs["order"].Begin(t.Context())
+				require.NoError(t, err)
+				_, err = tx.Exec(t.Context(), `SELECT 1 FROM orders WHERE id = $1 FOR KEY SHARE`, s.confirmed)
+				require.NoError(t, err)
+				s.exec(t, "order", `UPDATE orders SET status = 'PENDING', deadline = now() - interval '1 hour' WHERE id = $1`, s.confirmed)
+				return func() {
+					s.exec(t, "order", `UPDATE orders SET status = 'CONFIRMED', deadline = created_at + interval '15 minutes' WHERE id = $1`, s.confirmed)
+					require.NoError(t, tx.Rollback(t.Context()))
+				}
+			},
+			want:      []string{audit.CheckOrders, audit.CheckDeadlines},
+			violation: fmt.Sprintf("order %s is still PENDING 1h0m", s.confirmed),
+		},
+		{
+			// An expiry that did not compensate: the money and the stock
+			// stayed taken.
+			name: "an expired order that kept its money and stock",
+			corrupt: func(t *testing.T) func() {
+				s.exec(t, "order", `UPDATE orders SET status = 'EXPIRED' WHERE id = $1`, s.confirmed)
+				return func() { s.exec(t, "order", `UPDATE orders SET status = 'CONFIRMED' WHERE id = $1`, s.confirmed) }
+			},
+			want:      []string{audit.CheckDeadlines, audit.CheckEvents, audit.CheckNotifications},
+			violation: fmt.Sprintf("order %s expired, but its payment is DEBITED", s.confirmed),
+		},
+		{
+			name: "a late reply with the wrong fate",
+			corrupt: func(t *testing.T) func() {
+				s.exec(t, "order", `INSERT INTO order_timeline (order_id, event_id, event_type, at, late)
+					VALUES ($1, '00000000-0000-7000-8000-000000000002', 'onceflow.payment.debited.v1', now(), 'refunded')`, s.confirmed)
+				return func() {
+					s.exec(t, "order", `DELETE FROM order_timeline WHERE event_id = '00000000-0000-7000-8000-000000000002'`)
+				}
+			},
+			want:      []string{audit.CheckDeadlines},
+			violation: fmt.Sprintf("onceflow.payment.debited.v1 00000000-0000-7000-8000-000000000002 of CONFIRMED order %s is recorded refunded, not unchanged", s.confirmed),
 		},
 		{
 			// The schema forbids it; a bad migration could drop the check.
@@ -395,13 +437,15 @@ func TestAudit(t *testing.T) {
 		var stdout, stderr bytes.Buffer
 		require.NoError(t, cli.Run(t.Context(), []string{"audit", "--wait", "30s"}, &stdout, &stderr), stderr.String())
 		require.Contains(t, stdout.String(), "ok    money ")
-		require.Contains(t, stdout.String(), "All 10 checks hold.")
+		require.Contains(t, stdout.String(), "All 11 checks hold.")
 
 		s.exec(t, "order", `UPDATE orders SET status = 'PAID' WHERE id = $1`, s.confirmed)
 		defer s.exec(t, "order", `UPDATE orders SET status = 'CONFIRMED' WHERE id = $1`, s.confirmed)
 		stdout.Reset()
 		err := cli.Run(t.Context(), []string{"audit", "--wait", "0s"}, &stdout, &stderr)
-		require.EqualError(t, err, "audit: 1 violation in 1 of 10 checks (orders)")
+		// The order's second PaymentDebited (a case above) is in its
+		// timeline as late: on an open order, that is a violation too.
+		require.EqualError(t, err, "audit: 2 violations in 2 of 11 checks (orders, deadlines)")
 		require.Contains(t, stdout.String(), "FAIL  orders ")
 		require.Contains(t, stdout.String(), fmt.Sprintf("✗ order %s is PAID, but payment DEBITED and reservation RESERVED make it CONFIRMED", s.confirmed))
 		t.Logf("failed audit:\n%s", stdout.String())
@@ -540,7 +584,7 @@ func requireClean(t *testing.T, report audit.Report) {
 	t.Helper()
 	require.Empty(t, report.Unquiet, printed(t, report))
 	require.True(t, report.OK(), printed(t, report))
-	require.Len(t, report.Checks, 10)
+	require.Len(t, report.Checks, 11)
 }
 
 func printed(t *testing.T, report audit.Report) string {

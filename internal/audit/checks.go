@@ -21,18 +21,23 @@ const (
 	orderConfirmed = "CONFIRMED"
 	orderRejected  = "REJECTED"
 	orderCancelled = "CANCELLED"
+	orderExpired   = "EXPIRED"
 
 	paymentDebited  = "DEBITED"
 	paymentRejected = "REJECTED"
 	paymentRefunded = "REFUNDED"
+	paymentExpired  = "EXPIRED" // the order expired before payment decided
 
 	stockReserved = "RESERVED"
 	stockRejected = "REJECTED"
+	stockReleased = "RELEASED" // given back when the order expired
+	stockExpired  = "EXPIRED"  // the order expired before inventory decided
 
 	mailPlaced    = "placed"
 	mailConfirmed = "confirmed"
 	mailRejected  = "rejected"
 	mailCancelled = "cancelled"
+	mailExpired   = "expired"
 	mailSent      = "SENT"
 
 	// none stands for a missing payment or reservation in messages.
@@ -49,6 +54,8 @@ func terminalMail(status string) string {
 		return mailRejected
 	case orderCancelled:
 		return mailCancelled
+	case orderExpired:
+		return mailExpired
 	}
 	return ""
 }
@@ -105,6 +112,7 @@ func (s *snapshot) checks() []Check {
 		f.checkStock(),
 		f.checkReservations(),
 		f.checkOrders(),
+		f.checkDeadlines(),
 		f.checkEvents(),
 		f.checkOutbox(),
 		f.checkConsumers(),
@@ -170,7 +178,7 @@ func (f facts) checkDebits() Check {
 }
 
 func (f facts) checkRefunds() Check {
-	c := Check{Name: CheckRefunds, Description: "a payment is refunded if and only if inventory rejected the order's stock"}
+	c := Check{Name: CheckRefunds, Description: "a payment is refunded if and only if inventory rejected the order's stock or the order expired"}
 	var refunds, refundedCents, rejections int64
 	for _, p := range f.snapshot.payments {
 		if p.status != paymentRefunded {
@@ -178,8 +186,8 @@ func (f facts) checkRefunds() Check {
 		}
 		refunds++
 		refundedCents += p.amountCents
-		if r := f.resStatus(p.orderID); r != stockRejected {
-			c.Violations = append(c.Violations, fmt.Sprintf("payment of order %s is REFUNDED without a StockRejected (reservation: %s)", p.orderID, or(r)))
+		if r := f.resStatus(p.orderID); r != stockRejected && f.orders[p.orderID].status != orderExpired {
+			c.Violations = append(c.Violations, fmt.Sprintf("payment of order %s is REFUNDED without a StockRejected or an expiry (reservation: %s)", p.orderID, or(r)))
 		}
 	}
 	for _, r := range f.snapshot.reservations {
@@ -242,6 +250,9 @@ func (f facts) checkStock() Check {
 	c := Check{Name: CheckStock, Description: "stock is conserved: no level negative, available + reserved = the ledger's movements, per SKU"}
 	reserved := map[string]int64{}
 	for _, r := range f.snapshot.reservations {
+		if r.status == stockReleased {
+			continue // its lines are the record of what it gave back
+		}
 		for sku, q := range r.lines {
 			reserved[sku] += q
 		}
@@ -297,10 +308,10 @@ func (f facts) checkReservations() Check {
 		switch {
 		case !known:
 			c.Violations = append(c.Violations, fmt.Sprintf("reservation %s for an unknown order %s", r.status, r.orderID))
-		case r.status == stockReserved && !maps.Equal(r.lines, o.lines):
+		case (r.status == stockReserved || r.status == stockReleased) && !maps.Equal(r.lines, o.lines):
 			c.Violations = append(c.Violations, fmt.Sprintf("order %s: reserved %s, ordered %s", r.orderID, formatLines(r.lines), formatLines(o.lines)))
-		case r.status == stockRejected && len(r.lines) > 0:
-			c.Violations = append(c.Violations, fmt.Sprintf("order %s: stock rejected, yet %s reserved", r.orderID, formatLines(r.lines)))
+		case (r.status == stockRejected || r.status == stockExpired) && len(r.lines) > 0:
+			c.Violations = append(c.Violations, fmt.Sprintf("order %s: reservation %s, yet %s reserved", r.orderID, r.status, formatLines(r.lines)))
 		}
 		for _, sku := range slices.Sorted(maps.Keys(r.lines)) {
 			if !skus[sku] {
@@ -334,6 +345,9 @@ func (f facts) checkOrders() Check {
 	byStatus := map[string]int64{}
 	for _, o := range f.snapshot.orders {
 		byStatus[o.status]++
+		if o.status == orderExpired {
+			continue // what its payment and reservation must be: checkDeadlines
+		}
 		pay, res := f.payStatus(o.id), f.resStatus(o.id)
 		implied, ok := impliedStatus(pay, res)
 		switch {
@@ -357,6 +371,7 @@ var terminalEvents = map[event.Type]string{
 	event.OrderConfirmed: orderConfirmed,
 	event.OrderRejected:  orderRejected,
 	event.OrderCancelled: orderCancelled,
+	event.OrderExpired:   orderExpired,
 }
 
 func (f facts) checkEvents() Check {
@@ -560,7 +575,7 @@ func (f facts) checkNotifications() Check {
 			c.Violations = append(c.Violations, fmt.Sprintf("order %s has no placed e-mail", o.id))
 		}
 		var terminal []string
-		for _, kind := range []string{mailConfirmed, mailRejected, mailCancelled} {
+		for _, kind := range []string{mailConfirmed, mailRejected, mailCancelled, mailExpired} {
 			if got[kind] > 0 {
 				terminal = append(terminal, kind)
 			}

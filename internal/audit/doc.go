@@ -12,7 +12,7 @@
 //     for its total; a rejected order has a rejected payment or none; no
 //     payment belongs to an unknown order.
 //   - refunds: a payment is refunded if and only if inventory rejected the
-//     order's stock.
+//     order's stock or the order expired.
 //   - money: per wallet, balance + debited (not refunded) payments = credits.
 //   - stock: no stock level is negative, and stock is conserved: per SKU,
 //     available + reserved = the sum of its ledger (receipts, adjustments
@@ -21,6 +21,14 @@
 //     asked for.
 //   - orders: every order is terminal, and its status is the one its payment
 //     and reservation imply.
+//   - deadlines: no order is open past its deadline plus a grace
+//     (Config.ExpiryGrace, AUDIT_EXPIRY_GRACE); an expired order keeps no
+//     money (its payment is EXPIRED, REJECTED or REFUNDED) and holds no
+//     stock (its reservation is EXPIRED, REJECTED or RELEASED, and a
+//     released reservation's units count as available again); an EXPIRED
+//     payment or reservation, or a RELEASED one, belongs to an expired
+//     order; every late reply in a timeline has the fate docs/saga.md gives
+//     it.
 //   - events: on the saga's streams, per order, no event type appears under
 //     two ids (every type is once per order in the contract; a copy of an
 //     event under its own id is one event), and a terminal order has

@@ -18,6 +18,7 @@ const (
 	CheckStock         = "stock"
 	CheckReservations  = "reservations"
 	CheckOrders        = "orders"
+	CheckDeadlines     = "deadlines"
 	CheckEvents        = "events"
 	CheckOutbox        = "outbox"
 	CheckConsumers     = "consumers"
@@ -137,8 +138,8 @@ func (r Report) Print(w io.Writer) error {
 	return bw.Flush()
 }
 
-// Summary is the verdict in one line: "All 10 checks hold" or, e.g., "3
-// violations in 2 of 10 checks (money, orders)".
+// Summary is the verdict in one line: "All 11 checks hold" or, e.g., "3
+// violations in 2 of 11 checks (money, orders)".
 func (r Report) Summary() string {
 	failed := r.Failed()
 	if len(failed) == 0 {

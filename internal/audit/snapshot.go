@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -32,7 +33,12 @@ const (
 // database is read in one repeatable-read transaction, so the facts of one
 // database are consistent with each other.
 type snapshot struct {
-	orders       []order // by id
+	orders      []order // by id
+	lateReplies []lateReply
+	// readAt is when the orders were read; expiryGrace how long past its
+	// deadline an order may still be open (the expirer's round, a restart).
+	readAt       time.Time
+	expiryGrace  time.Duration
 	payments     []payment
 	wallets      []wallet
 	stock        []stockLevel
@@ -57,6 +63,14 @@ type order struct {
 	status     string
 	totalCents int64
 	lines      map[string]int64 // quantity per SKU
+	deadline   *time.Time       // none for orders placed before deadlines
+}
+
+// lateReply is a timeline entry of a reply that found its order terminal.
+type lateReply struct {
+	orderID, eventID uuid.UUID
+	eventType        event.Type
+	fate             string
 }
 
 type payment struct {
@@ -211,8 +225,17 @@ func readOrders(ctx context.Context, tx pgx.Tx, snap *snapshot) error {
 	}
 	snap.orders = make([]order, len(rows))
 	for i, r := range rows {
-		snap.orders[i] = order{id: r.ID, customerID: r.CustomerID, status: r.Status, totalCents: r.TotalCents, lines: byOrder[r.ID]}
+		snap.orders[i] = order{id: r.ID, customerID: r.CustomerID, status: r.Status, totalCents: r.TotalCents, lines: byOrder[r.ID], deadline: r.Deadline}
 	}
+	late, err := q.ListLateReplies(ctx, tx)
+	if err != nil {
+		return fmt.Errorf("late replies: %w", err)
+	}
+	snap.lateReplies = make([]lateReply, len(late))
+	for i, l := range late {
+		snap.lateReplies[i] = lateReply{orderID: l.OrderID, eventID: l.EventID, eventType: event.Type(l.EventType), fate: l.Late}
+	}
+	snap.readAt = time.Now()
 	return nil
 }
 

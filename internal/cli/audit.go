@@ -16,6 +16,8 @@ import (
 // services' <SERVICE>_DATABASE_URLs.
 type auditEnv struct {
 	NATS natsauth.Client
+	// ExpiryGrace is how long past its deadline an order may be open.
+	ExpiryGrace time.Duration `env:"AUDIT_EXPIRY_GRACE"`
 }
 
 func runAudit(ctx context.Context, inv invocation, args []string) error {
@@ -112,5 +114,6 @@ func auditConfig() (audit.Config, error) {
 		return audit.Config{}, fmt.Errorf("audit config: %w", err)
 	}
 	cfg.NATSURL, cfg.NATSCreds, cfg.NATSTLSCA = e.NATS.URL, e.NATS.Creds, e.NATS.TLSCA
+	cfg.ExpiryGrace = e.ExpiryGrace
 	return cfg, nil
 }

@@ -1,5 +1,5 @@
 -- name: ListOrders :many
-SELECT id, customer_id, status, total_cents
+SELECT id, customer_id, status, total_cents, deadline
 FROM orders
 ORDER BY id;
 
@@ -14,3 +14,10 @@ ORDER BY order_id, sku;
 SELECT count(*)
 FROM orders
 WHERE status NOT IN ('CONFIRMED', 'REJECTED', 'CANCELLED', 'EXPIRED');
+
+-- name: ListLateReplies :many
+-- The replies that found their order terminal, with their fates.
+SELECT order_id, event_id, event_type, late
+FROM order_timeline
+WHERE late <> ''
+ORDER BY order_id, event_id;

@@ -7,6 +7,7 @@ package orderdb
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -23,6 +24,46 @@ func (q *Queries) CountUnfinishedOrders(ctx context.Context, db DBTX) (int64, er
 	var count int64
 	err := row.Scan(&count)
 	return count, err
+}
+
+const listLateReplies = `-- name: ListLateReplies :many
+SELECT order_id, event_id, event_type, late
+FROM order_timeline
+WHERE late <> ''
+ORDER BY order_id, event_id
+`
+
+type ListLateRepliesRow struct {
+	OrderID   uuid.UUID
+	EventID   uuid.UUID
+	EventType string
+	Late      string
+}
+
+// The replies that found their order terminal, with their fates.
+func (q *Queries) ListLateReplies(ctx context.Context, db DBTX) ([]ListLateRepliesRow, error) {
+	rows, err := db.Query(ctx, listLateReplies)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ListLateRepliesRow{}
+	for rows.Next() {
+		var i ListLateRepliesRow
+		if err := rows.Scan(
+			&i.OrderID,
+			&i.EventID,
+			&i.EventType,
+			&i.Late,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const listOrderLines = `-- name: ListOrderLines :many
@@ -59,7 +100,7 @@ func (q *Queries) ListOrderLines(ctx context.Context, db DBTX) ([]ListOrderLines
 }
 
 const listOrders = `-- name: ListOrders :many
-SELECT id, customer_id, status, total_cents
+SELECT id, customer_id, status, total_cents, deadline
 FROM orders
 ORDER BY id
 `
@@ -69,6 +110,7 @@ type ListOrdersRow struct {
 	CustomerID string
 	Status     string
 	TotalCents int64
+	Deadline   *time.Time
 }
 
 func (q *Queries) ListOrders(ctx context.Context, db DBTX) ([]ListOrdersRow, error) {
@@ -85,6 +127,7 @@ func (q *Queries) ListOrders(ctx context.Context, db DBTX) ([]ListOrdersRow, err
 			&i.CustomerID,
 			&i.Status,
 			&i.TotalCents,
+			&i.Deadline,
 		); err != nil {
 			return nil, err
 		}
