@@ -46,8 +46,14 @@ type Deps struct {
 type Subscription struct {
 	Stream, Durable string
 	Handler         inbox.Handler
-	// BatchHandler, when set, is the Handler's set-based form for batched
-	// consumers (see inbox.BatchHandler); Config.ConsumerSetBased turns it off.
+	// Batched opts the subscription into the fast path: a batch of
+	// messages per transaction (inbox.Config.Batched). Without it, each
+	// message is processed in a transaction of its own, the reference
+	// path. Config.ConsumerBatched overrides it.
+	Batched bool
+	// BatchHandler, when set, is the Handler's set-based form for a
+	// Batched subscription (see inbox.BatchHandler);
+	// Config.ConsumerSetBased turns it off.
 	BatchHandler inbox.BatchHandler
 }
 
@@ -282,16 +288,20 @@ func newConsumers(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, subs [
 		if !cfg.ConsumerSetBased {
 			sub.BatchHandler = nil
 		}
+		if cfg.ConsumerBatched != nil {
+			sub.Batched = *cfg.ConsumerBatched
+		}
+		observer := m.consumer(sub.Durable, tp)
+		observer.afterCommit = killAfterCommit(cfg.FaultKillAfterCommit, logger)
 		consumers[i] = inbox.New(pool, js, inbox.Config{
 			Stream:       sub.Stream,
 			Durable:      sub.Durable,
 			BatchSize:    cfg.ConsumerBatchSize,
-			Batched:      cfg.ConsumerBatched,
+			Batched:      sub.Batched,
 			BatchHandler: sub.BatchHandler,
 			Workers:      cfg.ConsumerWorkers,
 			Retention:    cfg.InboxRetention,
-			AfterCommit:  killAfterCommit(cfg.FaultKillAfterCommit, logger),
-			Observer:     m.consumer(sub.Durable, tp),
+			Observer:     observer,
 			Topology:     &topology,
 		}, sub.Handler, logger)
 	}

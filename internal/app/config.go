@@ -36,16 +36,18 @@ type Config struct {
 	NATSCreds string `env:"NATS_CREDS"`
 	NATSTLSCA string `env:"NATS_TLS_CA"`
 
-	// Inbox consumers: the most messages in a batch, one transaction per
-	// batch (or per message), batches processed at once per subscription.
+	// Inbox consumers: the most messages in a batch, batches processed at
+	// once per subscription.
 	ConsumerBatchSize int           `env:"CONSUMER_BATCH_SIZE" envDefault:"64"`
-	ConsumerBatched   bool          `env:"CONSUMER_BATCHED" envDefault:"true"`
 	ConsumerWorkers   int           `env:"CONSUMER_WORKERS" envDefault:"1"`
 	InboxRetention    time.Duration `env:"INBOX_RETENTION" envDefault:"168h"`
 
-	// ConsumerSetBased lets batched consumers use their subscription's
-	// set-based batch handler, where it has one; off, every event of a batch
-	// runs its own handler in turn (the reference path).
+	// ConsumerBatched, when set, overrides every subscription's choice of
+	// path (Subscription.Batched): true, a batch per transaction; false,
+	// one message per transaction (the reference path).
+	ConsumerBatched *bool `env:"CONSUMER_BATCHED"`
+	// ConsumerSetBased false drops the subscriptions' set-based batch
+	// handlers: every event of a batch runs its own handler in turn.
 	ConsumerSetBased bool `env:"CONSUMER_SET_BASED" envDefault:"true"`
 
 	OutboxBatchSize    int           `env:"OUTBOX_BATCH_SIZE" envDefault:"1024"`

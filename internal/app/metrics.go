@@ -111,6 +111,10 @@ type consumerObserver struct {
 	m        *metrics
 	consumer string
 	tracer   trace.Tracer
+	// afterCommit, when set, is called for each processed event after its
+	// transaction committed and before its ack: the fault hook behind
+	// Config.FaultKillAfterCommit.
+	afterCommit func(event.Envelope)
 }
 
 var _ inbox.Observer = consumerObserver{}
@@ -211,6 +215,9 @@ func (o consumerObserver) Settled(ev event.Envelope, outcome inbox.Outcome, deli
 	o.m.inboxMessages.WithLabelValues(o.consumer, typ, string(outcome)).Inc()
 	if deliveries > 1 {
 		o.m.inboxRedeliveries.WithLabelValues(o.consumer, typ).Inc()
+	}
+	if outcome == inbox.OutcomeProcessed && o.afterCommit != nil {
+		o.afterCommit(ev)
 	}
 }
 

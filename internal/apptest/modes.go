@@ -22,7 +22,7 @@ func PerEvent(cfg *app.Config) { cfg.ConsumerSetBased = false }
 
 // Unbatched configures a service to run every message in a transaction of
 // its own.
-func Unbatched(cfg *app.Config) { cfg.ConsumerBatched = false }
+func Unbatched(cfg *app.Config) { cfg.ConsumerBatched = new(false) }
 
 // mode is a consumer mode a test runs in.
 type mode struct {

@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox/internal/dbsqlc"
 	"github.com/onceflow/onceflow/internal/jsbatch"
+	"github.com/onceflow/onceflow/internal/panics"
 	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
 )
@@ -100,10 +101,10 @@ type Config struct {
 	// BatchSize is the most messages a batch holds (default 64); as many
 	// more may wait in hand or be asked for while one is processed.
 	BatchSize int
-	// Batched processes a batch in one transaction (batch.go) instead of
-	// one transaction per message (processOne). It is faster under load; a
-	// message that comes alone is a batch at once (package jsbatch), so it
-	// costs no latency under light load.
+	// Batched names the fast path: a batch in one transaction (batch.go)
+	// instead of one transaction per message (processOne, the default). It
+	// is faster under load; a message that comes alone is a batch at once
+	// (package jsbatch), so it costs no latency under light load.
 	Batched bool
 	// BatchHandler, when set, processes the new events of a batch in Batched
 	// mode in one call; the Handler remains the fallback when it fails, and
@@ -120,11 +121,6 @@ type Config struct {
 	// processed_events row, so it is dead-lettered rather than processed
 	// blindly.
 	Retention time.Duration
-	// AfterCommit, when set, is called for each processed event after its
-	// transaction committed and before its ack: the window a crash leaves a
-	// committed event unacknowledged. The end-to-end fault suite kills the
-	// process here; nothing else should set it.
-	AfterCommit func(event.Envelope)
 	// Observer, when set, is told of every handler call, transaction and
 	// settled message (metrics, tracing); package app sets it.
 	Observer Observer
@@ -247,6 +243,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return err
 }
 
+// process processes msgs on the path the consumer was configured for.
+func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
+	if c.cfg.Batched {
+		c.processBatch(ctx, msgs)
+	} else {
+		c.processEach(ctx, msgs)
+	}
+}
+
 // consume processes batches of the durable consumer's messages until ctx is
 // done, and then the messages already on their way. It returns an error
 // only when consuming ended by itself: the NATS connection closed for good,
@@ -256,10 +261,13 @@ func (c *Consumer) consume(ctx context.Context, cons jetstream.Consumer) error {
 	// not see the cancellation, or a graceful stop would become a crash.
 	work := context.WithoutCancel(ctx)
 	err := jsbatch.Consume(ctx, cons, c.cfg.BatchSize, c.logger, func(msgs []jetstream.Msg) {
-		if c.cfg.Batched {
-			c.processBatch(work, msgs)
-		} else {
-			c.processEach(work, msgs)
+		// Handlers' panics are their messages' failures (processOne); one
+		// that escapes the inbox's own code leaves the rest of the batch
+		// unsettled, to be redelivered after the ack wait, and the
+		// consumer running.
+		if err := panics.Recover(func() error { c.process(work, msgs); return nil }); err != nil {
+			c.logger.ErrorContext(ctx, "inbox panicked; the batch's unsettled messages will be redelivered",
+				"messages", len(msgs), "err", err, "stack", string(panics.Stack(err)))
 		}
 	})
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/panics"
 	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/telemetry"
 )
@@ -46,9 +47,12 @@ type Observer interface {
 	// rollback, and why it rolled back: err is nil if it committed, or
 	// had nothing to commit (an unbatched duplicate).
 	Transaction(messages int, d time.Duration, err error)
-	// Settled is called when a message is acked, naked or dead-lettered.
-	// ev is zero for a message that could not be decoded; deliveries is how
-	// often the message was delivered, this time included.
+	// Settled is called as a message is acked, naked or dead-lettered: for
+	// OutcomeProcessed after its transaction committed and before its ack
+	// is sent (the window a crash leaves a committed event unacknowledged,
+	// where the end-to-end fault suite kills the process). ev is zero for a
+	// message that could not be decoded; deliveries is how often the
+	// message was delivered, this time included.
 	Settled(ev event.Envelope, outcome Outcome, deliveries uint64)
 }
 
@@ -65,9 +69,10 @@ func (nopObserver) Transaction(int, time.Duration, error)   {}
 func (nopObserver) Settled(event.Envelope, Outcome, uint64) {}
 
 // handle runs the handler for ev on tx and tells the Observer of the call.
+// A panic in the handler comes back as its error.
 func (c *Consumer) handle(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 	ctx, done := c.cfg.Observer.Handle(ctx, ev)
-	err := c.handler(ctx, tx, ev)
+	err := panics.Recover(func() error { return c.handler(ctx, tx, ev) })
 	done(err)
 	return err
 }
@@ -77,7 +82,7 @@ func (c *Consumer) handle(ctx context.Context, tx pgx.Tx, ev event.Envelope) err
 // COMMIT, which always sends them, whatever happened before).
 func (c *Consumer) handleBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, writes *postgres.Pipeline) error {
 	ctx, done := c.cfg.Observer.HandleBatch(ctx, evs)
-	if err := c.cfg.BatchHandler(ctx, tx, evs, writes); err != nil {
+	if err := panics.Recover(func() error { return c.cfg.BatchHandler(ctx, tx, evs, writes) }); err != nil {
 		done(err)
 		return err
 	}

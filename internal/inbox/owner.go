@@ -1,7 +1,6 @@
 package inbox
 
 import (
-	"context"
 	"fmt"
 	"slices"
 
@@ -13,17 +12,13 @@ import (
 // layer behind the NATS permissions (which let a service publish only its
 // own streams' subjects): a service can still publish, on its own subjects,
 // an event that claims another owner or another type. Such an event is
-// dead-lettered here, with the reason, and ok is false. Without
-// Config.Topology every event passes.
-func (c *Consumer) fromOwner(ctx context.Context, d *delivery) (ok bool) {
+// dead-lettered with the error as its reason. Without Config.Topology every
+// event passes.
+func (c *Consumer) fromOwner(d *delivery) error {
 	if c.cfg.Topology == nil {
-		return true
+		return nil
 	}
-	if err := CheckOwner(*c.cfg.Topology, c.cfg.Durable, d.msg.Subject(), d.ev); err != nil {
-		c.deadLetter(ctx, d, err.Error())
-		return false
-	}
-	return true
+	return CheckOwner(*c.cfg.Topology, c.cfg.Durable, d.msg.Subject(), d.ev)
 }
 
 // CheckOwner returns why ev, delivered on subject to durable, does not

@@ -11,79 +11,73 @@ import (
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox/internal/dbsqlc"
-	"github.com/onceflow/onceflow/internal/streams"
 )
 
-// processOne is the inbox pattern, written plainly: the reference path,
-// which processes each message when Config.Batched is off, and each
-// message of a batch whose transaction failed. Read it first; the batch
-// path (batch.go) does the same for many messages in one transaction.
-//
-//  1. Begin a transaction.
-//  2. Claim the event in processed_events (INSERT … ON CONFLICT DO NOTHING
-//     RETURNING). No row back: it was processed before, or by a
-//     transaction the insert waited for. Nothing to do but ack.
-//  3. Run the handler on the same transaction.
-//  4. Commit: the claim and the handler's writes, or neither.
-//  5. Only then ack (settle also naks a failure, or dead-letters it).
+// processOne is the inbox pattern, the life of one message in one function:
+// the reference path. It processes every message of a consumer that did not
+// opt into Config.Batched, and each message of a batch whose transaction
+// failed. Read it first; the batch path (batch.go) does the same for many
+// messages in one transaction, and settles them with the same ack and fail.
 //
 // A crash before the commit leaves nothing behind and the message comes
-// again; a crash between the commit and the ack is answered by step 2.
-func (c *Consumer) processOne(ctx context.Context, d *delivery) {
-	defer c.settle(ctx, d) // 5. after the transaction ended, whatever happened
-	start := time.Now()
-	defer func() { c.cfg.Observer.Transaction(1, time.Since(start), d.err) }()
-
-	tx, err := c.pool.Begin(ctx) // 1.
+// again; a crash between the commit and the ack is answered by step 2. A
+// handler that panics has failed, like one that returned an error.
+func (c *Consumer) processOne(ctx context.Context, msg jetstream.Msg) Outcome {
+	// 1. Decode the envelope, and check its owner and age. A message that
+	// fails is dead-lettered (a panic in the decoder is retried first).
+	d, err := c.decode(ctx, msg)
 	if err != nil {
-		d.fail(fmt.Errorf("begin: %w", err))
-		return
+		return c.fail(ctx, d, err)
 	}
-	defer func() { _ = tx.Rollback(ctx) }() // undoes everything, unless committed
-
-	_, err = c.queries.ClaimEvent(ctx, tx, c.claimOf(d)) // 2.
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		d.outcome = duplicate
-		return
-	case err != nil: // not an answer: retried, never taken for a duplicate
-		d.fail(fmt.Errorf("claim: %w", err))
-		return
+	start := time.Now()
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return c.fail(ctx, d, c.rollback(ctx, nil, start, fmt.Errorf("begin: %w", err)))
 	}
-	if err := c.handle(ctx, tx, d.ev); err != nil { // 3.
-		d.fail(fmt.Errorf("handler: %w", err))
-		return
+	defer func() { _ = tx.Rollback(ctx) }() // a no-op once it ended; a safety net if the inbox panics
+	// 2. Claim the event: INSERT … ON CONFLICT DO NOTHING RETURNING. No row
+	// back: it was processed before, or by the transaction the insert
+	// waited for. Nothing to do but ack.
+	_, err = c.queries.ClaimEvent(ctx, tx, c.claimOf(d))
+	if errors.Is(err, pgx.ErrNoRows) {
+		_ = c.rollback(ctx, tx, start, nil)
+		return c.ack(ctx, d, OutcomeDuplicate)
 	}
-	// 4. A failed commit may still have happened (the connection broke
-	// after the server committed); then the redelivery is a duplicate.
-	if err := tx.Commit(ctx); err != nil {
-		d.fail(fmt.Errorf("commit: %w", err))
-		return
+	if err != nil { // not an answer: retried, never taken for a duplicate
+		return c.fail(ctx, d, c.rollback(ctx, tx, start, fmt.Errorf("claim: %w", err)))
 	}
-	d.outcome = processed
+	// 3. Run the handler on the same transaction.
+	if err := c.handle(ctx, tx, d.ev); err != nil {
+		return c.fail(ctx, d, c.rollback(ctx, tx, start, fmt.Errorf("handler: %w", err)))
+	}
+	// 4. Commit the claim and the handler's writes, or neither. A failed
+	// commit may still have happened (the connection broke after the
+	// server committed); the redelivery is then a duplicate.
+	err = tx.Commit(ctx)
+	c.cfg.Observer.Transaction(1, time.Since(start), err)
+	if err != nil {
+		return c.fail(ctx, d, fmt.Errorf("commit: %w", err))
+	}
+	// 5. Settle: only now ack. (fail, above, naks with a backoff, or
+	// dead-letters what can never succeed or has no delivery left.)
+	return c.ack(ctx, d, OutcomeProcessed)
 }
 
-// outcome is what became of a delivery's processing.
-type outcome int
-
-const (
-	pending   outcome = iota // not processed yet
-	processed                // the handler's writes and the claim are committed
-	duplicate                // the event was processed before
-	failed                   // nothing was committed for it; err says why
-)
+// rollback rolls tx back (if it began), tells the Observer how the
+// transaction ended, and returns err, why it ended.
+func (c *Consumer) rollback(ctx context.Context, tx pgx.Tx, start time.Time, err error) error {
+	if tx != nil {
+		_ = tx.Rollback(ctx) // a broken connection rolls back by itself
+	}
+	c.cfg.Observer.Transaction(1, time.Since(start), err)
+	return err
+}
 
 // delivery is one decoded message on its way through the inbox.
 type delivery struct {
-	msg     jetstream.Msg
-	meta    *jetstream.MsgMetadata
-	ev      event.Envelope
-	outcome outcome
-	err     error
-}
-
-func (d *delivery) fail(err error) {
-	d.outcome, d.err = failed, err
+	msg  jetstream.Msg
+	meta *jetstream.MsgMetadata // nil only for a message that no consumer delivered
+	ev   event.Envelope         // zero until decoded
 }
 
 // claimOf is the claim of d's event by the consumer.
@@ -100,60 +94,6 @@ func (c *Consumer) claimOf(d *delivery) dbsqlc.ClaimEventParams {
 // processEach processes each message in a transaction of its own.
 func (c *Consumer) processEach(ctx context.Context, msgs []jetstream.Msg) {
 	for _, msg := range msgs {
-		if d, ok := c.decode(ctx, msg); ok {
-			c.processOne(ctx, d)
-		}
+		c.processOne(ctx, msg)
 	}
-}
-
-// decode reads msg's envelope and applies the retention guard. A message
-// that fails either is dead-lettered here, and ok is false.
-func (c *Consumer) decode(ctx context.Context, msg jetstream.Msg) (d *delivery, ok bool) {
-	meta, err := msg.Metadata()
-	if err != nil {
-		// Only a message that did not come from a consumer lacks metadata,
-		// and it could not be acked either.
-		c.logger.ErrorContext(ctx, "message without JetStream metadata", "subject", msg.Subject(), "err", err)
-		return nil, false
-	}
-	d = &delivery{msg: msg, meta: meta}
-	if d.ev, err = event.FromMsg(msg.Headers(), msg.Data()); err != nil {
-		c.deadLetter(ctx, d, fmt.Sprintf("decode: %v", err))
-		return nil, false
-	}
-	if !c.fromOwner(ctx, d) {
-		return nil, false
-	}
-	// The Cleaner deletes the processed_events row of an event minted
-	// more than the retention period (and its margin) ago, so a redelivery
-	// of it would not be recognised: it is dead-lettered instead. An event whose own time
-	// is that old is too, whatever its id says, so that an event that
-	// claims to be ancient is never processed blindly.
-	born := d.ev.Time
-	if minted := d.ev.Minted(); minted.Before(born) {
-		born = minted
-	}
-	if age := time.Since(born); age > c.cfg.Retention && !c.replayPastRetention(msg) {
-		c.deadLetter(ctx, d, fmt.Sprintf("event %s is %s old, beyond the inbox retention of %s: it may have been processed already",
-			d.ev.ID, age.Round(time.Second), c.cfg.Retention))
-		return nil, false
-	}
-	return d, true
-}
-
-// HeaderReplayPastRetention is "true" on a replay from the DLQ that an
-// operator forced past the consumer's retention (onceflow dlq replay
-// --past-retention): the retention guard lets it through.
-const HeaderReplayPastRetention = "Onceflow-Replay-Past-Retention"
-
-// replayPastRetention reports whether msg is an operator's replay to this
-// consumer that overrides the retention guard: it carries the header and
-// came on the consumer's own replay subject, which only the operator's
-// identity may publish.
-func (c *Consumer) replayPastRetention(msg jetstream.Msg) bool {
-	if msg.Headers().Get(HeaderReplayPastRetention) != "true" {
-		return false
-	}
-	_, durable, ok := streams.ReplayOf(msg.Subject())
-	return ok && durable == c.cfg.Durable
 }

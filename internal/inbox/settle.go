@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/onceflow/onceflow/internal/panics"
 	"github.com/onceflow/onceflow/internal/streams"
 )
 
@@ -28,53 +29,58 @@ const (
 // maxReasonLen keeps a reason header readable; error chains can be long.
 const maxReasonLen = 1024
 
-// settle acks, naks or dead-letters d's message according to its outcome.
-// It runs only after d's transaction committed or rolled back.
-func (c *Consumer) settle(ctx context.Context, d *delivery) {
-	switch d.outcome {
-	case processed, duplicate:
-		if d.outcome == processed {
-			c.processed.Add(1)
-			c.cfg.Observer.Settled(d.ev, OutcomeProcessed, d.meta.NumDelivered)
-		} else {
-			c.duplicates.Add(1)
-			c.cfg.Observer.Settled(d.ev, OutcomeDuplicate, d.meta.NumDelivered)
-			c.logger.DebugContext(ctx, "duplicate dropped", "event_id", d.ev.ID, "stream_seq", d.meta.Sequence.Stream)
-		}
-		if d.outcome == processed && c.cfg.AfterCommit != nil {
-			c.cfg.AfterCommit(d.ev)
-		}
-		if c.skipAck != nil && c.skipAck(d.ev) {
-			return
-		}
-		if err := d.msg.Ack(); err != nil {
-			c.eventLogger(d).WarnContext(ctx, "ack failed; the redelivery will be dropped as a duplicate", "err", err)
-		}
-	case failed:
-		switch {
-		case isPermanent(d.err):
-			c.deadLetter(ctx, d, d.err.Error())
-		case c.maxDeliver > 0 && d.meta.NumDelivered >= uint64(c.maxDeliver):
-			// A nak would not bring it back: JetStream gives up after
-			// MaxDeliver deliveries.
-			c.deadLetter(ctx, d, fmt.Sprintf("failed on each of %d deliveries, the last: %v", d.meta.NumDelivered, d.err))
-		default:
-			c.eventLogger(d).WarnContext(ctx, "processing failed; retrying", "deliveries", d.meta.NumDelivered, "err", d.err)
-			c.nak(ctx, d)
-		}
-	default:
-		// Unreachable: processOne and processBatch decide every outcome.
-		c.logger.ErrorContext(ctx, "message left unsettled", "event_id", d.ev.ID, "outcome", d.outcome)
+// ack counts and acks d's message, whose event was processed (its
+// transaction committed) or is a duplicate, and returns outcome.
+func (c *Consumer) ack(ctx context.Context, d *delivery, outcome Outcome) Outcome {
+	if outcome == OutcomeProcessed {
+		c.processed.Add(1)
+	} else {
+		c.duplicates.Add(1)
+		c.logger.DebugContext(ctx, "duplicate dropped", "event_id", d.ev.ID, "stream_seq", d.meta.Sequence.Stream)
 	}
+	c.cfg.Observer.Settled(d.ev, outcome, d.meta.NumDelivered)
+	if c.skipAck != nil && c.skipAck(d.ev) {
+		return outcome // as if the process died before the ack
+	}
+	if err := d.msg.Ack(); err != nil {
+		c.eventLogger(d).WarnContext(ctx, "ack failed; the redelivery will be dropped as a duplicate", "err", err)
+	}
+	return outcome
 }
 
-func (c *Consumer) nak(ctx context.Context, d *delivery) {
+// fail settles d's message, which failed with err and had nothing
+// committed: a permanent failure, or the last delivery of one that is not,
+// is dead-lettered; any other is naked, to come again after a backoff.
+func (c *Consumer) fail(ctx context.Context, d *delivery, err error) Outcome {
+	if d.meta == nil {
+		c.logger.ErrorContext(ctx, "message without JetStream metadata dropped", "subject", d.msg.Subject(), "err", err)
+		return OutcomeRetried // it could not be acked: if it was a delivery, it comes again
+	}
+	if stack := panics.Stack(err); stack != nil {
+		c.eventLogger(d).ErrorContext(ctx, "handler panicked", "deliveries", d.meta.NumDelivered, "err", err, "stack", string(stack))
+	}
+	switch {
+	case isPermanent(err):
+		return c.deadLetter(ctx, d, err.Error())
+	case c.maxDeliver > 0 && d.meta.NumDelivered >= uint64(c.maxDeliver):
+		// A nak would not bring it back: JetStream gives up after
+		// MaxDeliver deliveries.
+		return c.deadLetter(ctx, d, fmt.Sprintf("failed on each of %d deliveries, the last: %v", d.meta.NumDelivered, err))
+	}
+	c.eventLogger(d).WarnContext(ctx, "processing failed; retrying", "deliveries", d.meta.NumDelivered, "err", err)
+	return c.nak(ctx, d)
+}
+
+// nak asks for d's message again after a delay that doubles with every
+// delivery.
+func (c *Consumer) nak(ctx context.Context, d *delivery) Outcome {
 	c.retried.Add(1)
 	c.cfg.Observer.Settled(d.ev, OutcomeRetried, d.meta.NumDelivered)
 	if err := d.msg.NakWithDelay(nakDelay(c.cfg.NakDelay, d.meta.NumDelivered)); err != nil {
 		c.logger.WarnContext(ctx, "nak failed; the message will be redelivered after the ack wait",
 			"stream_seq", d.meta.Sequence.Stream, "err", err)
 	}
+	return OutcomeRetried
 }
 
 // maxNakDelay caps the exponential redelivery delay.
@@ -94,7 +100,7 @@ func nakDelay(base time.Duration, delivered uint64) time.Duration {
 // it. If the copy is refused (the DLQ is unreachable, or the durable's
 // budget there is spent) the message is retried, never dropped uncopied:
 // see publishDeadLetter.
-func (c *Consumer) deadLetter(ctx context.Context, d *delivery, reason string) {
+func (c *Consumer) deadLetter(ctx context.Context, d *delivery, reason string) Outcome {
 	reason = strings.Join(strings.Fields(reason), " ") // no line breaks in a header
 	if len(reason) > maxReasonLen {
 		reason = reason[:maxReasonLen]
@@ -120,7 +126,7 @@ func (c *Consumer) deadLetter(ctx context.Context, d *delivery, reason string) {
 
 	dlq := &nats.Msg{Subject: streams.DLQSubjectPrefix + c.cfg.Durable, Header: h, Data: d.msg.Data()}
 	if !c.publishDeadLetter(ctx, d, dlq) {
-		return
+		return OutcomeRetried
 	}
 	c.deadLettered.Add(1)
 	c.cfg.Observer.Settled(d.ev, OutcomeDeadLettered, d.meta.NumDelivered)
@@ -130,6 +136,7 @@ func (c *Consumer) deadLetter(ctx context.Context, d *delivery, reason string) {
 		c.logger.WarnContext(ctx, "term failed; the redelivery will be dead-lettered again and deduplicated",
 			"stream_seq", d.meta.Sequence.Stream, "err", err)
 	}
+	return OutcomeDeadLettered
 }
 
 // HeaderDLQBodyDropped is the size of a body too large for the DLQ: the

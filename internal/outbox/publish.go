@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/outbox/internal/dbsqlc"
+	"github.com/onceflow/onceflow/internal/panics"
 )
 
 // maxAtomicBatch is the most messages nats-server takes in one atomic
@@ -50,7 +51,9 @@ func (r *Relay) publish(ctx context.Context, b *batch) {
 	if r.tracer != nil {
 		b.spans = make([]trace.Span, 0, len(b.rows))
 	}
-	b.pubErr = r.publishRows(ctx, b)
+	// A panic fails the batch like a publish that failed: its rows stay
+	// unsent, and the flush, on the other goroutine, carries on.
+	b.pubErr = panics.Recover(func() error { return r.publishRows(ctx, b) })
 }
 
 // publishRows is publish's work; it returns why it stopped before the end

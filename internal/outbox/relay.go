@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/internal/outbox/internal/dbsqlc"
+	"github.com/onceflow/onceflow/internal/panics"
 )
 
 // DefaultLockKey is the advisory lock key that the relays of one database
@@ -178,7 +179,18 @@ func (ld *leader) flush(ctx context.Context, op sleepOp, rest bool) flushed {
 		}
 		ld.conn = conn
 	}
-	sent, asleep, err := ld.r.relay(ctx, ld.conn, op, rest)
+	var sent int
+	var asleep bool
+	err := panics.Recover(func() (err error) {
+		sent, asleep, err = ld.r.relay(ctx, ld.conn, op, rest)
+		return err
+	})
+	if stack := panics.Stack(err); stack != nil {
+		// A panic fails the flush: what it did not mark stays unsent and
+		// is published again; the relay carries on.
+		ld.r.logger.ErrorContext(ctx, "outbox relay panicked; the batches it did not mark are published again", "err", err, "stack", string(stack))
+		ld.r.cfg.Observer.Published(0, 0, err)
+	}
 	if err != nil && !errors.Is(err, errCommitting) {
 		ld.resign() // and the sleep lock with it
 	}

@@ -1123,3 +1123,32 @@ func TestRunFinishesEveryBatchInFlight(t *testing.T) {
 	require.Equal(t, published, sentEventIDs(t, f.db), "what was published is marked sent")
 	requireLag(t, r, events-2)
 }
+
+// A panic in a flush fails it like an error: nothing it did not mark is
+// marked, the relay carries on, and the next flush publishes the rows (the
+// broker drops the copies).
+func TestAPanicInAFlushFailsItAndRunKeepsGoing(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.provision(t, time.Minute)
+	r := f.relay(outbox.RelayConfig{PollInterval: 50 * time.Millisecond})
+	var panicked atomic.Bool
+	outbox.SetAfterPublish(r, func() error {
+		if panicked.CompareAndSwap(false, true) {
+			var rows []int
+			_ = rows[3] // index out of range, once
+		}
+		return nil
+	})
+	run(t, r)
+
+	evs := []event.Envelope{newEvent(t, event.OrderPlaced, "order-1", 1), newEvent(t, event.OrderPlaced, "order-1", 2)}
+	enqueue(t, f.db.Pool, evs...)
+	require.Eventually(t, func() bool {
+		lag, err := r.Lag(t.Context())
+		require.NoError(t, err)
+		return lag.Unsent == 0
+	}, 10*time.Second, 10*time.Millisecond)
+	require.True(t, panicked.Load())
+	require.Len(t, streamMsgs(t, f.js, streams.Orders), len(evs), "published once each")
+}

@@ -35,14 +35,14 @@ func start(t *testing.T, configure ...func(*app.Config)) *apptest.Service {
 // concurrent makes every delivery its own transaction on one of many fetch
 // loops, so that handlers really race each other.
 func concurrent(cfg *app.Config) {
-	cfg.ConsumerBatched = false
+	cfg.ConsumerBatched = new(false)
 	cfg.ConsumerBatchSize = 1
 	cfg.ConsumerWorkers = 10
 }
 
 // batchedConcurrent runs several batched workers at once.
 func batchedConcurrent(cfg *app.Config) {
-	cfg.ConsumerBatched = true
+	cfg.ConsumerBatched = new(true)
 	cfg.ConsumerBatchSize = 4
 	cfg.ConsumerWorkers = 4
 }

@@ -17,8 +17,10 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		s := New(d.Pool)
 		return app.Spec{
 			Subscriptions: []app.Subscription{
-				{Stream: streams.Payments, Durable: streams.InventoryPayments, Handler: s.HandlePaymentDebited, BatchHandler: s.HandlePaymentDebitedBatch},
-				{Stream: streams.Orders, Durable: streams.InventoryExpiries, Handler: s.HandleOrderExpired, BatchHandler: s.HandleOrderExpiredBatch},
+				{Stream: streams.Payments, Durable: streams.InventoryPayments, Handler: s.HandlePaymentDebited,
+					Batched: true, BatchHandler: s.HandlePaymentDebitedBatch},
+				{Stream: streams.Orders, Durable: streams.InventoryExpiries, Handler: s.HandleOrderExpired,
+					Batched: true, BatchHandler: s.HandleOrderExpiredBatch},
 			},
 			Routes: s.Routes,
 		}, nil

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/onceflow/onceflow/internal/panics"
 	"github.com/onceflow/onceflow/services/notify/internal/dbsqlc"
 )
 
@@ -304,7 +305,13 @@ func (m *Mailer) sendAll(ctx context.Context, ns []dbsqlc.ClaimDueNotificationsR
 			}
 			sendCtx, cancel := context.WithTimeout(work, m.cfg.SendTimeout)
 			defer cancel()
-			err := m.sender.Send(sendCtx, Message{ID: n.MessageID, To: n.Recipient, Subject: n.Subject, Body: n.Body, Date: n.CreatedAt})
+			// A panic is the attempt's failure; the mailer carries on.
+			err := panics.Recover(func() error {
+				return m.sender.Send(sendCtx, Message{ID: n.MessageID, To: n.Recipient, Subject: n.Subject, Body: n.Body, Date: n.CreatedAt})
+			})
+			if stack := panics.Stack(err); stack != nil {
+				m.logger.ErrorContext(ctx, "e-mail sender panicked", "message_id", n.MessageID, "error", err, "stack", string(stack))
+			}
 			results[i] = sendResult{tried: true, err: err}
 			return nil
 		})

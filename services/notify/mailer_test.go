@@ -466,7 +466,8 @@ func TestTwoMailersSendEveryNotificationOnce(t *testing.T) {
 // failingSender fails every e-mail in fail and sends the others, and counts
 // the calls per Message-ID.
 type failingSender struct {
-	fail map[string]bool
+	fail  map[string]bool
+	panic bool // panic with the error instead of returning it
 
 	mu    sync.Mutex
 	calls map[string]int
@@ -477,16 +478,31 @@ func (s *failingSender) Send(_ context.Context, m notify.Message) error {
 	defer s.mu.Unlock()
 	s.calls[m.ID]++
 	if s.fail[m.ID] {
-		return fmt.Errorf("550 no such user (call %d)", s.calls[m.ID])
+		err := fmt.Errorf("550 no such user (call %d)", s.calls[m.ID])
+		if s.panic {
+			panic(err)
+		}
+		return err
 	}
 	return nil
 }
 
+// A sender that panics fails its e-mail's attempt, as one that returned the
+// error would; the mailer carries on.
 func TestMailerBatchFailsAfterMaxAttempts(t *testing.T) {
 	t.Parallel()
+	for _, panics := range []bool{false, true} {
+		t.Run(fmt.Sprintf("panics=%t", panics), func(t *testing.T) {
+			t.Parallel()
+			mailerBatchFailsAfterMaxAttempts(t, panics)
+		})
+	}
+}
+
+func mailerBatchFailsAfterMaxAttempts(t *testing.T, panics bool) {
 	const n = 40
 	db, ids := newMailerDB(t, n)
-	sender := &failingSender{fail: map[string]bool{}, calls: map[string]int{}}
+	sender := &failingSender{fail: map[string]bool{}, calls: map[string]int{}, panic: panics}
 	for i, id := range ids {
 		if i%3 == 0 {
 			sender.fail[id] = true
@@ -520,7 +536,11 @@ func TestMailerBatchFailsAfterMaxAttempts(t *testing.T) {
 	defer sender.mu.Unlock()
 	for _, o := range got {
 		if sender.fail[o.id] {
-			require.Equal(t, outcome{id: o.id, status: notify.StatusFailed, attempts: 3, lastError: "550 no such user (call 3)"}, o)
+			want := "550 no such user (call 3)"
+			if panics {
+				want = "panic: " + want
+			}
+			require.Equal(t, outcome{id: o.id, status: notify.StatusFailed, attempts: 3, lastError: want}, o)
 			require.Equal(t, 3, sender.calls[o.id], "tried MaxAttempts times, then left alone")
 			continue
 		}

@@ -34,7 +34,8 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		}
 		return app.Spec{
 			Subscriptions: []app.Subscription{
-				{Stream: streams.Orders, Durable: streams.NotifyOrders, Handler: s.HandleOrderMilestone, BatchHandler: s.HandleOrderMilestoneBatch},
+				{Stream: streams.Orders, Durable: streams.NotifyOrders, Handler: s.HandleOrderMilestone,
+					Batched: true, BatchHandler: s.HandleOrderMilestoneBatch},
 			},
 			Routes:     s.Routes,
 			Background: []func(context.Context) error{m.Run},

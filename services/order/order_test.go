@@ -310,7 +310,7 @@ func TestConcurrentDuplicates(t *testing.T) {
 			t.Parallel()
 			svc := start(t, func(cfg *app.Config) {
 				cfg.ConsumerWorkers = 4
-				cfg.ConsumerBatched = batched
+				cfg.ConsumerBatched = new(batched)
 				cfg.ConsumerBatchSize = 4
 			})
 			o := place(t, svc, "racer")

@@ -29,8 +29,10 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		}
 		return app.Spec{
 			Subscriptions: []app.Subscription{
-				{Stream: streams.Payments, Durable: streams.OrderPayments, Handler: s.handlePaymentEvent, BatchHandler: s.batchHandler(paymentTypes)},
-				{Stream: streams.Inventory, Durable: streams.OrderInventory, Handler: s.handleInventoryEvent, BatchHandler: s.batchHandler(inventoryTypes)},
+				{Stream: streams.Payments, Durable: streams.OrderPayments, Handler: s.handlePaymentEvent,
+					Batched: true, BatchHandler: s.batchHandler(paymentTypes)},
+				{Stream: streams.Inventory, Durable: streams.OrderInventory, Handler: s.handleInventoryEvent,
+					Batched: true, BatchHandler: s.batchHandler(inventoryTypes)},
 			},
 			Routes:     s.Routes,
 			Public:     PublicRoutes(),

@@ -17,9 +17,12 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		s := New(d.Pool)
 		return app.Spec{
 			Subscriptions: []app.Subscription{
-				{Stream: streams.Orders, Durable: streams.PaymentOrders, Handler: s.HandleOrderPlaced, BatchHandler: s.HandleOrderPlacedBatch},
-				{Stream: streams.Inventory, Durable: streams.PaymentInventory, Handler: s.HandleStockRejected, BatchHandler: s.HandleStockRejectedBatch},
-				{Stream: streams.Orders, Durable: streams.PaymentExpiries, Handler: s.HandleOrderExpired, BatchHandler: s.HandleOrderExpiredBatch},
+				{Stream: streams.Orders, Durable: streams.PaymentOrders, Handler: s.HandleOrderPlaced,
+					Batched: true, BatchHandler: s.HandleOrderPlacedBatch},
+				{Stream: streams.Inventory, Durable: streams.PaymentInventory, Handler: s.HandleStockRejected,
+					Batched: true, BatchHandler: s.HandleStockRejectedBatch},
+				{Stream: streams.Orders, Durable: streams.PaymentExpiries, Handler: s.HandleOrderExpired,
+					Batched: true, BatchHandler: s.HandleOrderExpiredBatch},
 			},
 			Routes: s.Routes,
 		}, nil

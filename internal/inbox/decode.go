@@ -1,0 +1,70 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/panics"
+	"github.com/onceflow/onceflow/internal/streams"
+)
+
+// decode reads msg's envelope and checks it against its owner (owner.go)
+// and the retention guard. It returns the delivery, which is never nil, and
+// why it cannot be processed: a permanent error for an envelope that will
+// never do, a panics.Error when the decoder panicked (retried: the fault may
+// be the decoder's).
+func (c *Consumer) decode(ctx context.Context, msg jetstream.Msg) (d *delivery, err error) {
+	d = &delivery{msg: msg}
+	if d.meta, err = msg.Metadata(); err != nil {
+		// Only a message that did not come from a consumer lacks metadata;
+		// fail logs it, as it cannot be acked either.
+		return d, fmt.Errorf("no JetStream metadata: %w", err)
+	}
+	if err := panics.Recover(func() error {
+		d.ev, err = event.FromMsg(msg.Headers(), msg.Data())
+		return err
+	}); err != nil {
+		if panics.Stack(err) != nil {
+			return d, fmt.Errorf("decode: %w", err)
+		}
+		return d, Permanent(fmt.Errorf("decode: %w", err))
+	}
+	if err := c.fromOwner(d); err != nil {
+		return d, Permanent(err)
+	}
+	// The Cleaner deletes the processed_events row of an event minted more
+	// than the retention period (and its margin) ago, so a redelivery of it
+	// would not be recognised: it is dead-lettered instead. An event whose
+	// own time is that old is too, whatever its id says, so that an event
+	// that claims to be ancient is never processed blindly.
+	born := d.ev.Time
+	if minted := d.ev.Minted(); minted.Before(born) {
+		born = minted
+	}
+	if age := time.Since(born); age > c.cfg.Retention && !c.replayPastRetention(msg) {
+		return d, Permanent(fmt.Errorf("event %s is %s old, beyond the inbox retention of %s: it may have been processed already",
+			d.ev.ID, age.Round(time.Second), c.cfg.Retention))
+	}
+	return d, nil
+}
+
+// HeaderReplayPastRetention is "true" on a replay from the DLQ that an
+// operator forced past the consumer's retention (onceflow dlq replay
+// --past-retention): the retention guard lets it through.
+const HeaderReplayPastRetention = "Onceflow-Replay-Past-Retention"
+
+// replayPastRetention reports whether msg is an operator's replay to this
+// consumer that overrides the retention guard: it carries the header and
+// came on the consumer's own replay subject, which only the operator's
+// identity may publish.
+func (c *Consumer) replayPastRetention(msg jetstream.Msg) bool {
+	if msg.Headers().Get(HeaderReplayPastRetention) != "true" {
+		return false
+	}
+	_, durable, ok := streams.ReplayOf(msg.Subject())
+	return ok && durable == c.cfg.Durable
+}
