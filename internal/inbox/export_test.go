@@ -4,4 +4,13 @@ import "github.com/onceflow/onceflow/internal/event"
 
 // SetSkipAck makes c skip the ack of a committed message for which skip
 // returns true, as a crash between commit and ack would. Call it before Run.
-func (c *Consumer) SetSkipAck(skip func(event.Envelope) bool) { c.skipAck = skip }
+func (c *Consumer) SetSkipAck(skip func(event.Envelope) bool) {
+	c.skipSettle = func(ev event.Envelope, o Outcome) bool { return o == OutcomeProcessed && skip(ev) }
+}
+
+// SetSkipSettle makes c leave unsettled (neither acked, naked nor
+// dead-lettered) every message for which skip returns true, as a process
+// that dies while processing it would. Call it before Run.
+func (c *Consumer) SetSkipSettle(skip func(event.Envelope) bool) {
+	c.skipSettle = func(ev event.Envelope, _ Outcome) bool { return skip(ev) }
+}

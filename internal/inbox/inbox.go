@@ -172,10 +172,10 @@ type Consumer struct {
 	deadLettered atomic.Int64
 	retried      atomic.Int64
 
-	// skipAck is a test hook, set before Run: when it returns true for a
-	// committed message, the ack is skipped, as a crash between commit and
-	// ack would.
-	skipAck func(event.Envelope) bool
+	// skipSettle is a test hook (export_test.go), set before Run: when it
+	// returns true for a message about to be settled with an outcome, the
+	// message is left unsettled, as a crash before its settling would.
+	skipSettle func(event.Envelope, Outcome) bool
 }
 
 // New returns a Consumer of cfg.Durable that runs h for each event.
@@ -228,6 +228,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		"batched", c.cfg.Batched, "batch_size", c.cfg.BatchSize, "workers", c.cfg.Workers, "max_deliver", c.maxDeliver)
 
 	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return c.watchExhausted(gctx) })
 	for range c.cfg.Workers {
 		g.Go(func() error { return c.consume(gctx, cons) })
 	}

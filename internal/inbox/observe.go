@@ -27,6 +27,10 @@ const (
 	// durable's budget there is spent, or NATS failed): the message is
 	// retried, not dropped.
 	OutcomeDeadLetterRefused Outcome = "dead_letter_refused"
+	// OutcomeExhausted: JetStream gave up on the message after MaxDeliver
+	// deliveries that the inbox did not settle (exhausted.go); it is
+	// dead-lettered from its stream.
+	OutcomeExhausted Outcome = "exhausted"
 )
 
 // Observer is told what a Consumer does, for metrics and tracing; package

@@ -39,7 +39,7 @@ func (c *Consumer) ack(ctx context.Context, d *delivery, outcome Outcome) Outcom
 		c.logger.DebugContext(ctx, "duplicate dropped", "event_id", d.ev.ID, "stream_seq", d.meta.Sequence.Stream)
 	}
 	c.cfg.Observer.Settled(d.ev, outcome, d.meta.NumDelivered)
-	if c.skipAck != nil && c.skipAck(d.ev) {
+	if c.skipSettle != nil && c.skipSettle(d.ev, outcome) {
 		return outcome // as if the process died before the ack
 	}
 	if err := d.msg.Ack(); err != nil {
@@ -55,6 +55,9 @@ func (c *Consumer) fail(ctx context.Context, d *delivery, err error) Outcome {
 	if d.meta == nil {
 		c.logger.ErrorContext(ctx, "message without JetStream metadata dropped", "subject", d.msg.Subject(), "err", err)
 		return OutcomeRetried // it could not be acked: if it was a delivery, it comes again
+	}
+	if c.skipSettle != nil && c.skipSettle(d.ev, OutcomeRetried) {
+		return OutcomeRetried // as if the process died before settling it
 	}
 	if stack := panics.Stack(err); stack != nil {
 		c.eventLogger(d).ErrorContext(ctx, "handler panicked", "deliveries", d.meta.NumDelivered, "err", err, "stack", string(stack))
@@ -101,30 +104,7 @@ func nakDelay(base time.Duration, delivered uint64) time.Duration {
 // budget there is spent) the message is retried, never dropped uncopied:
 // see publishDeadLetter.
 func (c *Consumer) deadLetter(ctx context.Context, d *delivery, reason string) Outcome {
-	reason = strings.Join(strings.Fields(reason), " ") // no line breaks in a header
-	if len(reason) > maxReasonLen {
-		reason = reason[:maxReasonLen]
-	}
-	h := nats.Header{}
-	for k, v := range d.msg.Headers() {
-		// Nats-* headers instructed the server that stored the original
-		// (dedup id, expected sequences, TTL, rollup); copied, they would act
-		// again on the DLQ stream.
-		if !strings.HasPrefix(k, "Nats-") {
-			h[k] = slices.Clone(v)
-		}
-	}
-	h.Set(HeaderDLQReason, reason)
-	h.Set(HeaderDLQConsumer, c.cfg.Durable)
-	h.Set(HeaderDLQStream, d.meta.Stream)
-	h.Set(HeaderDLQStreamSeq, strconv.FormatUint(d.meta.Sequence.Stream, 10))
-	h.Set(HeaderDLQDeliveries, strconv.FormatUint(d.meta.NumDelivered, 10))
-	h.Set(HeaderDLQSubject, d.msg.Subject())
-	// One id per stored message: dead-lettering it again (a term that was
-	// lost, a crash after the publish) is dropped by the DLQ's dedup.
-	h.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s:%d", c.cfg.Durable, d.meta.Sequence.Stream))
-
-	dlq := &nats.Msg{Subject: streams.DLQSubjectPrefix + c.cfg.Durable, Header: h, Data: d.msg.Data()}
+	dlq := c.dlqMsg(d.msg.Headers(), d.msg.Data(), d.msg.Subject(), d.meta.Stream, d.meta.Sequence.Stream, d.meta.NumDelivered, reason)
 	if !c.publishDeadLetter(ctx, d, dlq) {
 		return OutcomeRetried
 	}
@@ -183,4 +163,34 @@ func (c *Consumer) publishDeadLetter(ctx context.Context, d *delivery, dlq *nats
 		case <-time.After(min(nakDelay(c.cfg.NakDelay, attempt), maxHoldWait)):
 		}
 	}
+}
+
+// dlqMsg is the DLQ copy of the message with headers orig and data,
+// published on subject and stored in stream at seq, and delivered
+// deliveries times.
+func (c *Consumer) dlqMsg(orig nats.Header, data []byte, subject, stream string, seq, deliveries uint64, reason string) *nats.Msg {
+	reason = strings.Join(strings.Fields(reason), " ") // no line breaks in a header
+	if len(reason) > maxReasonLen {
+		reason = reason[:maxReasonLen]
+	}
+	h := nats.Header{}
+	for k, v := range orig {
+		// Nats-* headers instructed the server that stored the original
+		// (dedup id, expected sequences, TTL, rollup); copied, they would act
+		// again on the DLQ stream.
+		if !strings.HasPrefix(k, "Nats-") {
+			h[k] = slices.Clone(v)
+		}
+	}
+	h.Set(HeaderDLQReason, reason)
+	h.Set(HeaderDLQConsumer, c.cfg.Durable)
+	h.Set(HeaderDLQStream, stream)
+	h.Set(HeaderDLQStreamSeq, strconv.FormatUint(seq, 10))
+	h.Set(HeaderDLQDeliveries, strconv.FormatUint(deliveries, 10))
+	h.Set(HeaderDLQSubject, subject)
+	// One id per stored message: dead-lettering it again (a term that was
+	// lost, a crash after the publish, the max deliveries advisory) is
+	// dropped by the DLQ's dedup.
+	h.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s:%d", c.cfg.Durable, seq))
+	return &nats.Msg{Subject: streams.DLQSubjectPrefix + c.cfg.Durable, Header: h, Data: data}
 }
