@@ -107,6 +107,12 @@ func TestIdentitiesHaveTheTopologysPermissionsOnly(t *testing.T) {
 	info, err := cons.Info(ctx)
 	require.NoError(t, err)
 	require.Equal(t, uint64(1), info.AckFloor.Stream, "acked")
+	// And read back a message of its stream, as the inbox does for one its
+	// durable gave up on (the max deliveries advisory).
+	orders, err := payment.Stream(ctx, streams.Orders)
+	require.NoError(t, err)
+	_, err = orders.GetMsg(ctx, 1)
+	require.NoError(t, err)
 
 	// Another service's durable it cannot.
 	cctx, cancel := short()

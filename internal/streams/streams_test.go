@@ -179,11 +179,16 @@ func TestPermissionsFollowTheTopology(t *testing.T) {
 		"$JS.API.INFO",
 		"$JS.API.CONSUMER.INFO.ORDERS.notify-orders", "$JS.API.CONSUMER.MSG.NEXT.ORDERS.notify-orders",
 		"$JS.ACK.ORDERS.notify-orders.>", "$JS.ACK.*.*.ORDERS.notify-orders.>", "dlq.notify-orders",
+		"$JS.API.STREAM.INFO.ORDERS", "$JS.API.STREAM.MSG.GET.ORDERS", "$JS.API.DIRECT.GET.ORDERS",
 		"$JS.API.CONSUMER.INFO.SHIPPING.notify-shipping", "$JS.API.CONSUMER.MSG.NEXT.SHIPPING.notify-shipping",
 		"$JS.ACK.SHIPPING.notify-shipping.>", "$JS.ACK.*.*.SHIPPING.notify-shipping.>", "dlq.notify-shipping",
+		"$JS.API.STREAM.INFO.SHIPPING", "$JS.API.STREAM.MSG.GET.SHIPPING", "$JS.API.DIRECT.GET.SHIPPING",
 	}, notify.Publish)
 	require.Empty(t, notify.DenyPublish, "notify owns no stream")
-	require.Equal(t, []string{"_INBOX_notify.>"}, notify.Subscribe)
+	require.Equal(t, []string{"_INBOX_notify.>",
+		"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ORDERS.notify-orders",
+		"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.SHIPPING.notify-shipping",
+	}, notify.Subscribe)
 
 	shipping := topology.Permissions("shipping")
 	require.Contains(t, shipping.Publish, "shipping.>")
