@@ -141,11 +141,11 @@ func (s *Store) DoWrites(ctx context.Context, req Request, fn Func) (resp Respon
 		}
 		return Response{}, false, fnErr
 	}
-	var qe *postgres.QueryError
+	var claimErr *claimError
 	switch {
 	case err == nil:
 		return resp, false, nil
-	case !errors.As(err, &qe) || qe.Query != "ClaimNewKey":
+	case !errors.As(err, &claimErr):
 		// One of fn's writes failed (or the response's): nothing is stored.
 	case postgres.IsLockNotAvailable(err):
 		return Response{}, false, ErrInFlight
@@ -163,6 +163,7 @@ func (s *Store) claimWithWrites(ctx context.Context, req Request, fn Func) (resp
 	begin := postgres.BeginWith(s.pool)
 	defer begin.End(ctx) // rolls back unless committed
 	var writes postgres.Pipeline
+	claim := writes.Len() // the claim's index among the queued statements
 	// Queued: the error is Commit's.
 	_ = s.queries.ClaimNewKey(ctx, &writes, dbsqlc.ClaimNewKeyParams{
 		Scope:       req.Scope,
@@ -176,8 +177,19 @@ func (s *Store) claimWithWrites(ctx context.Context, req Request, fn Func) (resp
 	if err := s.complete(ctx, &writes, req, resp); err != nil {
 		return Response{}, nil, err
 	}
-	return resp, nil, begin.Commit(ctx, &writes)
+	err = begin.Commit(ctx, &writes)
+	if qe, ok := errors.AsType[*postgres.QueryError](err); ok && qe.Index == claim {
+		return Response{}, nil, &claimError{err: err}
+	}
+	return resp, nil, err
 }
+
+// claimError is the failure of a key's claim sent with the writes: the key
+// was claimed before, or is held by a request in flight.
+type claimError struct{ err error }
+
+func (e *claimError) Error() string { return "claim idempotency key: " + e.err.Error() }
+func (e *claimError) Unwrap() error { return e.err }
 
 // complete queues on writes the storing of resp under req's key.
 func (s *Store) complete(ctx context.Context, writes *postgres.Pipeline, req Request, resp Response) error {
