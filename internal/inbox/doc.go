@@ -3,19 +3,22 @@
 //
 // It owns the processed_events table of a service database (one row per
 // consumer and event) and the dispatch of a durable pull consumer's
-// messages: a Consumer takes them in batches as they arrive (package
-// jsbatch), records each event in processed_events in the same transaction
-// as its Handler's business writes, commits, and only then acks. A Cleaner
+// messages: a Consumer takes them as they arrive (package jsbatch), records
+// each event in processed_events in the same transaction as its Handler's
+// business writes, commits, and only then acks. A Cleaner
 // deletes the rows of events minted before the retention period, by the
 // time in their UUIDv7 ids (a range of the primary key, which leads with
 // the event id).
 //
-// Read processOne (process.go) first: it is the pattern in one function —
-// begin, claim with INSERT … ON CONFLICT DO NOTHING RETURNING (no row: a
-// duplicate, acked), run the handler on the same pgx.Tx, commit, then ack.
-// The batch path (batch.go) does the same for a batch in one transaction
-// and is an optimisation beside it; the examples (example_test.go) show the
-// smallest consumer.
+// Read processOne (process.go) first: it is the pattern in one function,
+// and the path every consumer runs unless it names the fast one — decode,
+// claim with INSERT … ON CONFLICT DO NOTHING RETURNING (no row: a
+// duplicate, acked), run the handler on the same pgx.Tx, commit, then
+// settle: ack, or (settle.go) nak with a backoff or dead-letter. The batch
+// path (batch.go, Config.Batched) does the same for a batch in one
+// transaction, an optimisation beside it, with its speed tricks in files of
+// their own (claimahead.go, writebehind.go); the examples (example_test.go)
+// show the smallest consumer.
 //
 // Guarantees, per consumer (the durable name is the inbox's consumer key):
 //
@@ -40,7 +43,16 @@
 //     redelivered instead, or, on its last delivery, held and the copy
 //     retried until stored. A body too large for the DLQ is left out of
 //     the copy (HeaderDLQBodyDropped): the original keeps it.
-//   - One bad message never stops the consumer, and fails only itself.
+//   - One bad message never stops the consumer, and fails only itself. A
+//     handler or decoder that panics has failed: its transaction rolls
+//     back, the panic is logged with its stack and counted as a handler
+//     error, and the message is retried, then dead-lettered with the panic
+//     as its reason; the process and the batch-mates carry on.
+//   - No message runs out of deliveries unrecorded: one whose last delivery
+//     never settled (the process died in it, or its dead-lettering failed)
+//     is announced by the server's MAX_DELIVERIES advisory, which the
+//     consumer watches; it dead-letters the message from its stream
+//     (exhausted.go), logs it and counts it (OutcomeExhausted).
 //
 // With Config.Batched, a batch shares one transaction: its events are
 // claimed with one statement in event id order (a batch of first
@@ -58,8 +70,8 @@
 // batch is processed.
 //
 // Limits: the guarantee covers what the handler writes through its
-// transaction; an external side effect needs its own outbox. A message
-// whose last delivery cannot be copied to the DLQ is naked, but JetStream
-// delivers it no more: the server's MAX_DELIVERIES advisory is then the
-// only trace of it.
+// transaction; an external side effect needs its own outbox. An advisory
+// is not stored: one that comes while no consumer of the durable runs is
+// lost, and so is the DLQ copy of a message that cannot be dead-lettered
+// at all (the log and the metric say so).
 package inbox

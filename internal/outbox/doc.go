@@ -59,8 +59,9 @@
 // only after that commit (see Enqueue), so any claim that sees the next event
 // sees the late row too, and publishes it first.
 //
-// The relay's code, by concern: relay.go holds the relay lock and the run
-// loop; pipeline.go claims, settles and marks the batches; sleep.go (with
+// The relay's code, by concern: reference.go is the relay in its plain form,
+// PublishOne (one row, publish, mark), to read first; relay.go holds the
+// relay lock and the run loop; pipeline.go claims, settles and marks the batches; sleep.go (with
 // listener.go) sleeps and wakes; publish.go publishes a batch one message at
 // a time or as atomic batches. Example shows the smallest producer.
 //

@@ -117,21 +117,22 @@ func (s *Service) listProducts(c echo.Context) error {
 // line gets its SKU's price now, which the order keeps whatever the price
 // becomes. A SKU not in the catalog is a 422 that names it.
 //
-// With guess, when the service read every SKU's price before, it prices
+// With a check, when the service read every SKU's price before, it prices
 // the lines at those and queues CheckPrices on writes instead of reading:
 // the order takes one round trip instead of two, and the check, in the
-// same transaction, fails the order (staleGuess) unless every price is
+// same transaction, fails the order (check.refused) unless every price is
 // still the catalog's. Otherwise it reads the prices on tx.
-func (s *Service) price(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline, lines event.Lines, guess bool) (int64, error) {
+func (s *Service) price(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline, lines event.Lines, check *priceCheck) (int64, error) {
 	skus := make([]string, len(lines))
 	for i, l := range lines {
 		skus[i] = l.SKU
 	}
-	if guess && s.prices.price(lines) {
+	if check != nil && s.prices.price(lines) {
 		prices := make([]int64, len(lines))
 		for i, l := range lines {
 			prices[i] = l.UnitPriceCents
 		}
+		check.queued, check.index = true, writes.Len()
 		if err := s.queries.CheckPrices(ctx, writes, dbsqlc.CheckPricesParams{Skus: skus, Prices: prices}); err != nil {
 			return 0, fmt.Errorf("check order prices: %w", err)
 		}
@@ -171,11 +172,18 @@ func (s *Service) readPrices(ctx context.Context, tx pgx.Tx, skus []string, line
 	return nil
 }
 
-// staleGuess reports whether err is CheckPrices failing: a price the order
-// was given is no longer the catalog's.
-func staleGuess(err error) bool {
-	var qe *postgres.QueryError
-	return errors.As(err, &qe) && qe.Query == "CheckPrices"
+// priceCheck is where price queued CheckPrices among an order's writes, if
+// it did.
+type priceCheck struct {
+	queued bool
+	index  int
+}
+
+// refused reports whether err is the check failing: a price the order was
+// given is no longer the catalog's.
+func (c *priceCheck) refused(err error) bool {
+	qe, ok := errors.AsType[*postgres.QueryError](err)
+	return ok && c.queued && qe.Index == c.index
 }
 
 // knownPrices are the catalog's prices as this replica of the service last

@@ -144,16 +144,18 @@ func (s *Service) place(c echo.Context) error {
 	// response and the COMMIT; two when they are read first. A guess the
 	// check refuses rolled everything back, key included: place again,
 	// reading them.
-	err = httpapi.IdempotentWrites(c, s.idem, body, s.placeOrder(customer, lines, true))
-	if staleGuess(err) {
-		err = httpapi.IdempotentWrites(c, s.idem, body, s.placeOrder(customer, lines, false))
+	check := &priceCheck{}
+	err = httpapi.IdempotentWrites(c, s.idem, body, s.placeOrder(customer, lines, check))
+	if check.refused(err) {
+		err = httpapi.IdempotentWrites(c, s.idem, body, s.placeOrder(customer, lines, nil))
 	}
 	return err
 }
 
 // placeOrder is the write of POST /orders: the order, priced from the
-// catalog (guessed or read, see price), with its OrderPlaced in the outbox.
-func (s *Service) placeOrder(customer buyer, lines event.Lines, guess bool) httpapi.Write {
+// catalog (guessed, with check, or read, see price), with its OrderPlaced in
+// the outbox.
+func (s *Service) placeOrder(customer buyer, lines event.Lines, check *priceCheck) httpapi.Write {
 	return func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (int, any, error) {
 		// A refusal claims no key, so that the client's retry with it can
 		// still succeed, and a retry of an order already placed is
@@ -167,7 +169,7 @@ func (s *Service) placeOrder(customer buyer, lines event.Lines, guess bool) http
 		}
 		// A check of guessed prices is queued before the writes: when it
 		// fails, they do not run.
-		total, err := s.price(ctx, tx, writes, lines, guess)
+		total, err := s.price(ctx, tx, writes, lines, check)
 		if err != nil {
 			return 0, nil, err
 		}
