@@ -1,11 +1,15 @@
 # The two commands that matter: `make test` (what CI runs) and `make run`.
 GO ?= go
 
-.PHONY: test generate verify-sqlc vet build bench demo-images demo-test
+.PHONY: test run generate verify-sqlc vet build bench demo-images demo-test
 
 ## test: every test against real PostgreSQL and NATS JetStream, race detector on
 test:
 	$(GO) test -race -timeout 30m ./...
+
+## run: the four services on this machine, seeded (onceflow dev --seed)
+run:
+	$(GO) run ./cmd/onceflow dev --seed
 
 ## generate: regenerate the sqlc code after editing db/queries or db/migrations
 generate:

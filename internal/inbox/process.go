@@ -23,9 +23,7 @@ import (
 // again; a crash between the commit and the ack is answered by step 2. A
 // handler that panics has failed, like one that returned an error.
 func (c *Consumer) processOne(ctx context.Context, msg jetstream.Msg) Outcome {
-	// 1. Decode the envelope, and check its owner and age. A message that
-	// fails is dead-lettered (a panic in the decoder is retried first).
-	d, err := c.decode(ctx, msg)
+	d, err := c.decode(ctx, msg) // 1. Decode; check its owner and age.
 	if err != nil {
 		return c.fail(ctx, d, err)
 	}
@@ -35,32 +33,26 @@ func (c *Consumer) processOne(ctx context.Context, msg jetstream.Msg) Outcome {
 		return c.fail(ctx, d, c.rollback(ctx, nil, start, fmt.Errorf("begin: %w", err)))
 	}
 	defer func() { _ = tx.Rollback(ctx) }() // a no-op once it ended; a safety net if the inbox panics
-	// 2. Claim the event: INSERT … ON CONFLICT DO NOTHING RETURNING. No row
-	// back: it was processed before, or by the transaction the insert
-	// waited for. Nothing to do but ack.
+	// 2. Claim: INSERT … ON CONFLICT DO NOTHING RETURNING.
 	_, err = c.queries.ClaimEvent(ctx, tx, c.claimOf(d))
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(err, pgx.ErrNoRows) { // no row: processed before (or by the transaction it waited for)
 		_ = c.rollback(ctx, tx, start, nil)
 		return c.ack(ctx, d, OutcomeDuplicate)
 	}
 	if err != nil { // not an answer: retried, never taken for a duplicate
 		return c.fail(ctx, d, c.rollback(ctx, tx, start, fmt.Errorf("claim: %w", err)))
 	}
-	// 3. Run the handler on the same transaction.
-	if err := c.handle(ctx, tx, d.ev); err != nil {
+	if err := c.handle(ctx, tx, d.ev); err != nil { // 3. Handle, on the same tx; a panic is an error.
 		return c.fail(ctx, d, c.rollback(ctx, tx, start, fmt.Errorf("handler: %w", err)))
 	}
-	// 4. Commit the claim and the handler's writes, or neither. A failed
-	// commit may still have happened (the connection broke after the
-	// server committed); the redelivery is then a duplicate.
+	// 4. Commit the claim and the writes, or neither. (A commit that failed
+	// may have happened: then the redelivery is a duplicate.)
 	err = tx.Commit(ctx)
 	c.cfg.Observer.Transaction(1, time.Since(start), err)
 	if err != nil {
 		return c.fail(ctx, d, fmt.Errorf("commit: %w", err))
 	}
-	// 5. Settle: only now ack. (fail, above, naks with a backoff, or
-	// dead-letters what can never succeed or has no delivery left.)
-	return c.ack(ctx, d, OutcomeProcessed)
+	return c.ack(ctx, d, OutcomeProcessed) // 5. Settle: only now ack. (fail naks, or dead-letters.)
 }
 
 // rollback rolls tx back (if it began), tells the Observer how the
