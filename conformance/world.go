@@ -151,7 +151,10 @@ func (s *subject) start(t *testing.T, h hooks) *consumer {
 	cfg := inbox.Config{
 		Stream: s.sub.Stream, Durable: s.sub.Durable,
 		Batched: s.mode.batched, Workers: h.workers,
-		NakDelay: nakDelay, AfterCommit: h.afterCommit, Topology: &s.topology,
+		NakDelay: nakDelay, Topology: &s.topology,
+	}
+	if h.afterCommit != nil {
+		cfg.Observer = afterCommit(h.afterCommit)
 	}
 	if s.mode.setBased {
 		cfg.BatchHandler = s.sub.BatchHandler
@@ -360,4 +363,24 @@ func (s *subject) conn(t *testing.T) (*nats.Conn, jetstream.JetStream) {
 		t.Fatalf("conformance: %v", err)
 	}
 	return nc, js
+}
+
+// afterCommit is an inbox.Observer that calls f for each processed event:
+// the inbox tells its Observer after the commit and before the ack.
+type afterCommit func(Event)
+
+func (afterCommit) Handle(ctx context.Context, _ Event) (context.Context, func(error)) {
+	return ctx, func(error) {}
+}
+
+func (afterCommit) HandleBatch(ctx context.Context, _ []Event) (context.Context, func(error)) {
+	return ctx, func(error) {}
+}
+
+func (afterCommit) Transaction(int, time.Duration, error) {}
+
+func (f afterCommit) Settled(ev Event, outcome inbox.Outcome, _ uint64) {
+	if outcome == inbox.OutcomeProcessed {
+		f(ev)
+	}
 }
