@@ -1,0 +1,70 @@
+package payment_test
+
+import (
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/conformance"
+	"github.com/onceflow/onceflow/db"
+	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/services/payment"
+)
+
+// TestConformance runs the conformance kit against payment's handlers, in
+// each mode: an OrderPlaced debits (one payment per order), a
+// StockRejected refunds (the payment REFUNDED once).
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	migrations, err := db.Migrations(payment.Name)
+	require.NoError(t, err)
+	conformance.Run(t, conformance.Service{
+		Name:       payment.Name,
+		Migrations: migrations,
+		New: func(env conformance.Env) []conformance.Subscription {
+			s := payment.New(env.Pool)
+			// placed is an OrderPlaced of a new customer whose wallet covers it.
+			placed := func(t testing.TB, env conformance.Env) conformance.Event {
+				customer := "c-" + uuid.NewString()
+				_, err := env.Pool.Exec(t.Context(), `INSERT INTO wallets (customer_id, balance_cents) VALUES ($1, 1000)`, customer)
+				require.NoError(t, err)
+				orderID := uuid.Must(uuid.NewV7())
+				ev, err := event.New("order", event.OrderPlaced, orderID.String(), event.OrderPlacedV1{
+					Order:      event.Order{OrderID: orderID, CustomerID: customer},
+					Lines:      event.Lines{{SKU: "apple", Quantity: 3, UnitPriceCents: 100}},
+					TotalCents: 300,
+				})
+				require.NoError(t, err)
+				return ev
+			}
+			return []conformance.Subscription{{
+				Stream: streams.Orders, Durable: streams.PaymentOrders,
+				Handler: s.HandleOrderPlaced, BatchHandler: s.HandleOrderPlacedBatch,
+				NewEvent: placed,
+				Effect:   conformance.Count(`SELECT count(*)::int FROM payments WHERE order_id = $1::uuid`, orderOf),
+			}, {
+				Stream: streams.Inventory, Durable: streams.PaymentInventory,
+				Handler: s.HandleStockRejected, BatchHandler: s.HandleStockRejectedBatch,
+				// The StockRejected of an order debited before.
+				NewEvent: func(t testing.TB, env conformance.Env) conformance.Event {
+					ev := placed(t, env)
+					tx, err := env.Pool.Begin(t.Context())
+					require.NoError(t, err)
+					require.NoError(t, s.HandleOrderPlaced(t.Context(), tx, ev))
+					require.NoError(t, tx.Commit(t.Context()))
+					var p event.OrderPlacedV1
+					require.NoError(t, ev.Decode(&p))
+					rejected, err := ev.Caused("inventory", event.StockRejected, event.StockRejectedV1{Order: p.Order, AmountCents: p.TotalCents, Reason: "out of apple"})
+					require.NoError(t, err)
+					return rejected
+				},
+				Effect: conformance.Count(`SELECT count(*)::int FROM payments WHERE order_id = $1::uuid AND status = 'REFUNDED'`, orderOf),
+			}}
+		},
+	})
+}
+
+// orderOf is the order an event is about: its subject.
+func orderOf(ev conformance.Event) any { return ev.Subject }
