@@ -81,7 +81,8 @@ func (s *Service) awardPoints(ctx context.Context, tx pgx.Tx, p event.OrderConfi
 // TestNewServiceEndToEnd proves the path of docs/new-service.md: in a copy
 // of the repository it scaffolds a fifth service, loyalty, consuming
 // OrderConfirmed; adds a points table awarding points per confirmed order;
-// runs sqlc, builds, runs the generated tests, loads the compose file; runs
+// runs sqlc, builds, runs the generated tests (the conformance kit among
+// them), loads the compose file; runs
 // it beside the other four with `onceflow dev`; places orders; and sees the
 // points appear once per confirmed order — also after every OrderConfirmed
 // is delivered again under a fresh Nats-Msg-Id, past the broker's dedup.
@@ -141,8 +142,18 @@ func TestNewServiceEndToEnd(t *testing.T) {
 	done()
 
 	done = step("go test ./services/loyalty/ ./internal/event/")
-	goCmd(t, repo, "test", "-count=1", "./services/loyalty/", "./internal/event/")
+	out = goCmd(t, repo, "test", "-count=1", "-v", "./services/loyalty/", "./internal/event/")
 	done()
+	// The generated test runs the conformance kit on the generated handler
+	// with the engineer's edit in it: every property, by name, in each mode.
+	for _, property := range []string{
+		"--- PASS: TestConformance/loyalty-orders/writes-only-on-its-transaction",
+		"--- PASS: TestConformance/loyalty-orders/emits-through-the-outbox",
+		"--- PASS: TestConformance/loyalty-orders/reference/crash-between-commit-and-ack",
+		"--- PASS: TestConformance/loyalty-orders/batched/duplicate-concurrent",
+	} {
+		require.Contains(t, out, property)
+	}
 
 	requireComposeService(t, repo, "loyalty", 8085) // after the issuer's 8084, as in dev
 

@@ -41,6 +41,7 @@ var serviceFiles = []struct{ template, path string }{
 	{"main_test.go.tmpl", "services/NAME/main_test.go"},
 	{"service_test.go.tmpl", "services/NAME/NAME_test.go"},
 	{"http_test.go.tmpl", "services/NAME/http_test.go"},
+	{"conformance_test.go.tmpl", "services/NAME/conformance_test.go"},
 	{"migration.sql.tmpl", "db/migrations/NAME/00001_NAME.sql"},
 	{"queries.sql.tmpl", "db/queries/NAME/NAME.sql"},
 }
