@@ -69,6 +69,9 @@
 //     ErrInvalid), never swallows it, never hides it in a transient one.
 //   - batch-mates-keep-their-effect: the events delivered with a poison
 //     event in one batch have their effect.
+//   - panic-to-dlq: an event whose handler panics at every delivery, in a
+//     batch between two good ones, is retried, then dead-lettered with the
+//     panic as its reason; the consumer and the batch-mates carry on.
 //
 // A failure says what to fix. The kit's own tests keep handlers broken in
 // those ways beside it (broken_test.go), each failing its property.

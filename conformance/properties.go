@@ -25,6 +25,7 @@ var modeProperties = []property{
 	{"error-retried-with-backoff", errorRetried},
 	{"permanent-error-to-dlq", permanentErrorToDLQ},
 	{"batch-mates-keep-their-effect", batchMatesKeepTheirEffect},
+	{"panic-to-dlq", panicToDLQ},
 }
 
 // duplicateInSequence delivers an event, then twice more under fresh
