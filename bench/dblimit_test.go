@@ -21,17 +21,17 @@ import (
 // the business write the benchmarks' handlers do: a wallet debit, per event
 // or set-based (payment's DebitWallet and DebitWallets).
 const (
-	claimSQL = `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
-VALUES ($1, $2, $3, $4, $5)
+	claimSQL = `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, minted_at)
+VALUES ($1, $2, $3, $4, $5, uuid7_time($2))
 ON CONFLICT DO NOTHING
 RETURNING event_id`
 
 	// A claim without ON CONFLICT, for the pipelined modes.
-	claimNewSQL = `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
-VALUES ($1, $2, $3, $4, $5)`
+	claimNewSQL = `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, minted_at)
+VALUES ($1, $2, $3, $4, $5, uuid7_time($2))`
 
-	claimBatchSQL = `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
-SELECT $1::text, e.event_id, e.event_type, e.event_time, e.stream_seq
+	claimBatchSQL = `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, minted_at)
+SELECT $1::text, e.event_id, e.event_type, e.event_time, e.stream_seq, uuid7_time(e.event_id)
 FROM (
     SELECT
         unnest($2::uuid[])        AS event_id,

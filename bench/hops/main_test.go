@@ -33,8 +33,8 @@ func TestHopsOfAConfirmedOrder(t *testing.T) {
 		return id
 	}
 	claim := func(db *testenv.Database, id uuid.UUID, when time.Time) {
-		_, err := db.Pool.Exec(t.Context(), `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, processed_at)
-			VALUES ('test', $1, 'test', $2, 1, $2)`, id, when)
+		_, err := db.Pool.Exec(t.Context(), `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, processed_at, minted_at)
+			VALUES ('test', $1, 'test', $2, 1, $2, uuid7_time($1))`, id, when)
 		require.NoError(t, err)
 	}
 

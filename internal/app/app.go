@@ -132,8 +132,8 @@ func startTracing(ctx context.Context, cfg Config, name string) (trace.TracerPro
 
 // conns are a service's connections.
 type conns struct {
-	// pool serves the HTTP handlers, the service's background loops and the
-	// cleaners.
+	// pool serves the HTTP handlers, the service's background loops, the
+	// partition maintenance and the idempotency keys' cleaner.
 	pool *pgxpool.Pool
 	// workPool serves the consumers and the relay; newService opens it once
 	// it knows how many consumers there are.
@@ -213,8 +213,10 @@ type service struct {
 	relay     *outbox.Relay
 	consumers []*inbox.Consumer
 	prov      *provisioned
-	srv       *http.Server
-	ln        net.Listener
+	// partitions observes the partition maintenance (partitions.go).
+	partitions partitionObserver
+	srv        *http.Server
+	ln         net.Listener
 }
 
 // newService builds the service's Spec, and builds
@@ -248,6 +250,9 @@ func newService(ctx context.Context, name string, cfg Config, c *conns, tp trace
 		return nil, err
 	}
 	s := &service{conns: c, cfg: cfg, logger: logger, spec: spec, prov: newProvisioned(spec.Subscriptions)}
+	if s.partitions, err = newPartitionObserver(registry); err != nil {
+		return nil, fmt.Errorf("register metrics: %w", err)
+	}
 	s.relay = outbox.NewRelay(c.workPool, c.js, outbox.RelayConfig{
 		BatchSize:      cfg.OutboxBatchSize,
 		PollInterval:   cfg.OutboxPollInterval,
@@ -301,6 +306,7 @@ func newConsumers(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, subs [
 			BatchHandler: sub.BatchHandler,
 			Workers:      cfg.ConsumerWorkers,
 			Retention:    cfg.InboxRetention,
+			MaxSkew:      cfg.InboxMaxSkew,
 			Observer:     observer,
 			Topology:     &topology,
 		}, sub.Handler, logger)
@@ -322,7 +328,7 @@ func (s *service) startRelay(ctx context.Context) (stop func() error) {
 	}
 }
 
-// serve runs the consumers (once their durables exist), the service's background loops, the cleaners and
+// serve runs the consumers (once their durables exist), the service's background loops, the partition maintenance, the idempotency cleaner and
 // the HTTP server until ctx ends (or one of them fails), and returns once
 // they have all stopped.
 func (s *service) serve(ctx context.Context) error {
@@ -339,12 +345,7 @@ func (s *service) serve(ctx context.Context) error {
 	for _, loop := range s.spec.Background {
 		g.Go(func() error { return loop(gctx) })
 	}
-	g.Go(func() error {
-		return inbox.NewCleaner(s.pool, inbox.CleanerConfig{Retention: s.cfg.InboxRetention}, s.logger).Run(gctx)
-	})
-	g.Go(func() error {
-		return outbox.NewCleaner(s.pool, outbox.CleanerConfig{Retention: s.cfg.OutboxRetention}, s.logger).Run(gctx)
-	})
+	g.Go(func() error { return maintenance(s).Run(gctx) })
 	g.Go(func() error {
 		return idempotency.NewCleaner(s.pool, s.cfg.IdempotencyRetention, 0, s.logger).Run(gctx)
 	})

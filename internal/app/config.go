@@ -41,6 +41,12 @@ type Config struct {
 	ConsumerBatchSize int           `env:"CONSUMER_BATCH_SIZE" envDefault:"64"`
 	ConsumerWorkers   int           `env:"CONSUMER_WORKERS" envDefault:"1"`
 	InboxRetention    time.Duration `env:"INBOX_RETENTION" envDefault:"168h"`
+	// The inbox is partitioned by the events' time, in partitions of
+	// InboxPartitionInterval, dropped past the retention; an event from
+	// further in the future than InboxMaxSkew is dead-lettered
+	// (docs/operating.md sizes them).
+	InboxPartitionInterval time.Duration `env:"INBOX_PARTITION_INTERVAL" envDefault:"1h"`
+	InboxMaxSkew           time.Duration `env:"INBOX_MAX_SKEW" envDefault:"5m"`
 
 	// ConsumerBatched, when set, overrides every subscription's choice of
 	// path (Subscription.Batched): true, a batch per transaction; false,
@@ -58,6 +64,9 @@ type Config struct {
 	// Sent outbox rows are kept this long for `outbox redrive`; it must be at
 	// least the stream duplicate window.
 	OutboxRetention time.Duration `env:"OUTBOX_RETENTION" envDefault:"1h"`
+	// The outbox is partitioned by the time its rows were written, in
+	// partitions of this width.
+	OutboxPartitionInterval time.Duration `env:"OUTBOX_PARTITION_INTERVAL" envDefault:"10m"`
 
 	IdempotencyRetention time.Duration `env:"IDEMPOTENCY_RETENTION" envDefault:"24h"`
 

@@ -332,8 +332,8 @@ func TestAudit(t *testing.T) {
 					DELETE FROM processed_events WHERE consumer = 'notify-orders' AND event_id = $1
 					RETURNING event_type, event_time, stream_seq, processed_at`, s.confirmedPlaced).Scan(&eventType, &eventTime, &streamSeq, &at))
 				return func() {
-					s.exec(t, "notify", `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, processed_at)
-						VALUES ('notify-orders', $1, $2, $3, $4, $5)`, s.confirmedPlaced, eventType, eventTime, streamSeq, at)
+					s.exec(t, "notify", `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, processed_at, minted_at)
+						VALUES ('notify-orders', $1, $2, $3, $4, $5, uuid7_time($1))`, s.confirmedPlaced, eventType, eventTime, streamSeq, at)
 				}
 			},
 			want:      []string{audit.CheckConsumers},

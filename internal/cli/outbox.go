@@ -26,8 +26,8 @@ Marks every row of DATABASE_URL's outbox that was sent at or after --since as
 unsent, so that the service's relay publishes those events again. It is the
 answer to a broker that lost messages it had acknowledged. Republishing is
 harmless: the stream's duplicate window drops what it still remembers and
-the consumers' inbox absorbs the rest. Rows the outbox cleaner has deleted
-(older than OUTBOX_RETENTION) are out of reach.`)
+the consumers' inbox absorbs the rest. Rows whose partition was dropped
+(sent longer than OUTBOX_RETENTION ago) are out of reach.`)
 	sinceFlag := fs.String("since", "", "redrive rows sent since this time: RFC 3339 (2026-01-02T15:04:05Z) or a duration ago (90m)")
 	if err := parse(fs, args, inv.stdout); err != nil {
 		return helped(err)

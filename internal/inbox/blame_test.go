@@ -241,10 +241,11 @@ func TestAClaimThatFailsIsRetriedNotTakenForADuplicate(t *testing.T) {
 	})
 }
 
-// The retention guard refuses what the Cleaner may already have cleaned,
-// and it has its own margin: an event older than the retention but not yet
-// past the Cleaner's cut-off (retention plus an hour) is dead-lettered too.
-func TestEventsBetweenTheRetentionAndTheCleanersCutOffAreDeadLettered(t *testing.T) {
+// The retention guard refuses what the partition maintenance may already
+// have dropped, and it has its own margin: an event older than the
+// retention but not yet past the maintenance's cut-off (retention plus a
+// margin) is dead-lettered too.
+func TestEventsBetweenTheRetentionAndTheMaintenancesCutOffAreDeadLettered(t *testing.T) {
 	t.Parallel()
 	eachMode(t, writeEffects, func(t *testing.T, cfg inbox.Config) {
 		e := setup(t, streams.Consumer{})

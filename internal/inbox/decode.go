@@ -36,20 +36,34 @@ func (c *Consumer) decode(ctx context.Context, msg jetstream.Msg) (d *delivery, 
 	if err := c.fromOwner(d); err != nil {
 		return d, Permanent(err)
 	}
-	// The Cleaner deletes the processed_events row of an event minted more
-	// than the retention period (and its margin) ago, so a redelivery of it
-	// would not be recognised: it is dead-lettered instead. An event whose
-	// own time is that old is too, whatever its id says, so that an event
-	// that claims to be ancient is never processed blindly.
-	born := d.ev.Time
-	if minted := d.ev.Minted(); minted.Before(born) {
-		born = minted
-	}
-	if age := time.Since(born); age > c.cfg.Retention && !c.replayPastRetention(msg) {
-		return d, Permanent(fmt.Errorf("event %s is %s old, beyond the inbox retention of %s: it may have been processed already",
-			d.ev.ID, age.Round(time.Second), c.cfg.Retention))
+	if err := c.inTime(d.ev, msg); err != nil {
+		return d, Permanent(err)
 	}
 	return d, nil
+}
+
+// inTime is the retention guard. The maintenance drops the processed_events
+// partition of events minted more than the retention period (and its
+// margin) ago, so a redelivery of such an event would not be recognised:
+// it is refused. An event whose own time is that old is too, whatever its
+// id says, so that an event that claims to be ancient is never processed
+// blindly. An event from further in the future than MaxSkew is refused as
+// well: its partition is not made yet.
+func (c *Consumer) inTime(ev event.Envelope, msg jetstream.Msg) error {
+	born, latest := ev.Time, ev.Minted()
+	if latest.Before(born) {
+		born, latest = latest, born
+	}
+	now := time.Now()
+	if ahead := latest.Sub(now); ahead > c.cfg.MaxSkew {
+		return fmt.Errorf("event %s is dated %s in the future, beyond the allowed clock skew of %s",
+			ev.ID, ahead.Round(time.Second), c.cfg.MaxSkew)
+	}
+	if age := now.Sub(born); age > c.cfg.Retention && !c.replayPastRetention(msg) {
+		return fmt.Errorf("event %s is %s old, beyond the inbox retention of %s: it may have been processed already",
+			ev.ID, age.Round(time.Second), c.cfg.Retention)
+	}
+	return nil
 }
 
 // HeaderReplayPastRetention is "true" on a replay from the DLQ that an

@@ -3,12 +3,13 @@
 //
 // It owns the processed_events table of a service database (one row per
 // consumer and event) and the dispatch of a durable pull consumer's
-// messages: a Consumer takes them as they arrive (package jsbatch), records
-// each event in processed_events in the same transaction as its Handler's
-// business writes, commits, and only then acks. A Cleaner
-// deletes the rows of events minted before the retention period, by the
-// time in their UUIDv7 ids (a range of the primary key, which leads with
-// the event id).
+// messages: a Consumer takes them in batches as they arrive (package
+// jsbatch), records each event in processed_events in the same transaction
+// as its Handler's business writes, commits, and only then acks. The table
+// is partitioned by the time in the event's UUIDv7 id, so every delivery of
+// an event meets its first claim in one partition; package partition drops
+// whole partitions past the retention period, which is safe because a
+// consumer refuses an event older than it.
 //
 // Read processOne (process.go) first: it is the pattern in one function,
 // and the path every consumer runs unless it names the fast one — decode,
@@ -34,8 +35,9 @@
 //     drops as a duplicate.
 //   - A message that can never be processed — it does not decode, its
 //     handler returns a permanent error, it was delivered MaxDeliver times,
-//     or it is older than the retention period (by its id's time or its
-//     own, whichever is earlier) — is copied to the DLQ stream
+//     it is older than the retention period (by its id's time or its
+//     own, whichever is earlier), or it is further in the future than
+//     Config.MaxSkew (its partition would not exist) — is copied to the DLQ stream
 //     ("dlq.<durable>", with the reason in a header) and terminated. A
 //     message is terminated only after its copy was stored; if the copy
 //     is refused (NATS fails, or the durable's budget in the DLQ is spent)

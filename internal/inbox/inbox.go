@@ -29,6 +29,11 @@ import (
 // consumer's lag.
 const DefaultRetention = 7 * 24 * time.Hour
 
+// DefaultMaxSkew is how far in the future an event's time may be, by
+// default: the clocks of its producer and consumer may differ by that
+// much.
+const DefaultMaxSkew = 5 * time.Minute
+
 const (
 	defaultBatchSize = 64
 	defaultWorkers   = 1
@@ -116,11 +121,16 @@ type Config struct {
 	// NakDelay is how long a failed message waits before its first
 	// redelivery (default 1s); it doubles with every delivery, up to a minute.
 	NakDelay time.Duration
-	// Retention must be the Cleaner's retention (default DefaultRetention).
-	// An event minted (or timed) earlier than that may have lost its
-	// processed_events row, so it is dead-lettered rather than processed
-	// blindly.
+	// Retention must be the partition maintenance's inbox retention
+	// (default DefaultRetention; partition.InboxTable). An event minted
+	// (or timed) earlier than that may have lost its processed_events
+	// partition, so it is dead-lettered rather than processed blindly.
 	Retention time.Duration
+	// MaxSkew is how far past the clock an event's time (its id's or its
+	// own) may be (default DefaultMaxSkew); an event further in the future
+	// is dead-lettered: its claim would land where no partition is made
+	// (the maintenance makes them MaxSkew ahead).
+	MaxSkew time.Duration
 	// Observer, when set, is told of every handler call, transaction and
 	// settled message (metrics, tracing); package app sets it.
 	Observer Observer
@@ -135,8 +145,8 @@ func (cfg Config) validate() error {
 		return errors.New("stream and durable are required")
 	case cfg.BatchSize < 1 || cfg.Workers < 1:
 		return fmt.Errorf("batch size %d and workers %d must be positive", cfg.BatchSize, cfg.Workers)
-	case cfg.NakDelay < 0 || cfg.Retention <= 0:
-		return fmt.Errorf("retention %s must be positive, nak delay %s not negative", cfg.Retention, cfg.NakDelay)
+	case cfg.NakDelay < 0 || cfg.Retention <= 0 || cfg.MaxSkew <= 0:
+		return fmt.Errorf("retention %s and max skew %s must be positive, nak delay %s not negative", cfg.Retention, cfg.MaxSkew, cfg.NakDelay)
 	}
 	return nil
 }
@@ -184,6 +194,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, h Handler, logg
 	cfg.Workers = cmp.Or(cfg.Workers, defaultWorkers)
 	cfg.NakDelay = cmp.Or(cfg.NakDelay, defaultNakDelay)
 	cfg.Retention = cmp.Or(cfg.Retention, DefaultRetention)
+	cfg.MaxSkew = cmp.Or(cfg.MaxSkew, DefaultMaxSkew)
 	if cfg.Observer == nil {
 		cfg.Observer = nopObserver{}
 	}

@@ -573,7 +573,7 @@ func TestEventsBeyondRetentionAreDeadLettered(t *testing.T) {
 			mu.Unlock()
 			return writeEffect(ctx, tx, ev)
 		})
-		// The cleaner deletes rows by the time in the event id; an event
+		// Partitions are dropped by the time in the event id; an event
 		// whose own time is old is refused too.
 		oldTime := newEvent(t)
 		oldTime.Time = time.Now().Add(-2 * time.Hour)

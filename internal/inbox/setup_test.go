@@ -175,7 +175,7 @@ func (e *env) effects(t *testing.T, id uuid.UUID) int64 {
 func (e *env) processedBefore(t *testing.T, ev event.Envelope) {
 	t.Helper()
 	_, err := e.db.Pool.Exec(t.Context(),
-		`INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq) VALUES ($1, $2, $3, $4, 0)`,
+		`INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, minted_at) VALUES ($1, $2, $3, $4, 0, uuid7_time($2))`,
 		testDurable, ev.ID, string(ev.Type), ev.Time)
 	require.NoError(t, err)
 }

@@ -1,7 +1,8 @@
 // Package outbox is the transactional outbox of a service database: the way
 // every onceflow event leaves a service.
 //
-// It owns the outbox table's rows from insert to deletion:
+// It owns the outbox table's rows from insert until their partition is
+// dropped:
 //
 //   - Enqueue writes an event on the caller's transaction, next to the state
 //     change it announces, so that both commit or neither does. Nothing is
@@ -10,7 +11,10 @@
 //     waits for the acks, and only then marks the rows sent. It is woken by
 //     LISTEN/NOTIFY when it sleeps and polls as well, because a notification
 //     can be lost.
-//   - Cleaner deletes sent rows once they are older than the re-drive window.
+//   - The table is partitioned by the time its rows were written; package
+//     partition drops a partition once every row in it was sent longer
+//     than the re-drive window ago (ids, and so the relay's order, span
+//     the partitions).
 //   - Redrive makes sent rows unsent again so that the relay republishes them.
 //
 // How the relay works: the relay lock is a session-level advisory lock on
@@ -94,6 +98,7 @@
 //   - Re-drive window: a JetStream publish ack is not an fsync (the server
 //     syncs to disk every two minutes by default), so an acknowledged event
 //     can still be lost in a power failure. Sent rows are therefore kept for
-//     CleanerConfig.Retention, at least the stream's duplicate window, during
-//     which Redrive can republish them harmlessly.
+//     the outbox retention (OUTBOX_RETENTION; partition.OutboxTable), at
+//     least the stream's duplicate window, during which Redrive can
+//     republish them harmlessly.
 package outbox

@@ -159,7 +159,7 @@ func batchArgs(ctx context.Context, evs []event.Envelope) (_ dbsqlc.InsertEvents
 // It is the answer to a broker that lost acknowledged messages (an ack is not
 // an fsync). Republishing is harmless: the stream's duplicate window drops
 // what it still remembers, and the consumers' inbox absorbs the rest. Rows
-// already deleted by the Cleaner are out of reach.
+// in partitions already dropped (past the retention) are out of reach.
 func Redrive(ctx context.Context, pool *pgxpool.Pool, since time.Time) (int64, error) {
 	n, err := dbsqlc.New().Redrive(ctx, pool, since)
 	if err != nil {

@@ -41,8 +41,8 @@ func TestNewDatabaseGivesDistinctMigratedDatabases(t *testing.T) {
 	}
 
 	// A write to one is not seen in the other.
-	_, err := a.Pool.Exec(ctx, `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
-		VALUES ('c', gen_random_uuid(), 't', now(), 1)`)
+	_, err := a.Pool.Exec(ctx, `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, minted_at)
+		VALUES ('c', gen_random_uuid(), 't', now(), 1, now())`)
 	require.NoError(t, err)
 	var n int
 	require.NoError(t, b.Pool.QueryRow(ctx, "SELECT count(*) FROM processed_events").Scan(&n))

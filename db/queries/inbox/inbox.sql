@@ -1,8 +1,11 @@
 -- name: ClaimEvent :one
 -- Claims one event for a consumer. No row back means the event was already
 -- processed (or is being processed by a transaction this insert waited for).
-INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
-VALUES (@consumer, @event_id, @event_type, @event_time, @stream_seq)
+-- The row goes to the partition of the time in the event's id, the same
+-- for every delivery of the event, where the primary key finds an earlier
+-- claim (db/migrations/platform/00009).
+INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, minted_at)
+VALUES (@consumer, @event_id, @event_type, @event_time, @stream_seq, uuid7_time(@event_id))
 ON CONFLICT DO NOTHING
 RETURNING event_id;
 
@@ -10,8 +13,8 @@ RETURNING event_id;
 -- Claims a batch with one statement. The rows are inserted in event id
 -- order, so two overlapping batches lock keys in the same order and cannot
 -- deadlock; the ids returned are the events that are new.
-INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
-SELECT @consumer::text, e.event_id, e.event_type, e.event_time, e.stream_seq
+INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, minted_at)
+SELECT @consumer::text, e.event_id, e.event_type, e.event_time, e.stream_seq, uuid7_time(e.event_id)
 FROM (
     -- Set-returning functions in one select list advance in lockstep.
     SELECT
@@ -33,8 +36,8 @@ RETURNING event_id;
 -- handler's first statement. An event processed before fails it with a
 -- unique violation, and the batch is claimed again with ClaimEvents. Rows
 -- go in event id order, as with ClaimEvents.
-INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
-SELECT @consumer::text, e.event_id, e.event_type, e.event_time, e.stream_seq
+INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, minted_at)
+SELECT @consumer::text, e.event_id, e.event_type, e.event_time, e.stream_seq, uuid7_time(e.event_id)
 FROM (
     SELECT
         unnest(@event_ids::uuid[])          AS event_id,
@@ -43,22 +46,6 @@ FROM (
         unnest(@stream_seqs::bigint[])      AS stream_seq
 ) AS e
 ORDER BY e.event_id;
-
--- name: DeleteMintedBefore :execrows
--- Deletes at most @max_rows rows of events whose ids were minted before
--- @before_id (event ids are UUIDv7s, which sort by the time they were
--- made), oldest first: a range of the primary key, then the rows by their
--- physical address (an IN (subquery) on the key was a hash join that read
--- the whole table for every batch: 300,000 rows, 99 ms a batch against
--- 15). The cleaner loops until it deletes fewer, so no single statement
--- holds locks for long.
-DELETE FROM processed_events
-WHERE ctid = ANY (ARRAY(
-    SELECT p.ctid FROM processed_events p
-    WHERE p.event_id < @before_id
-    ORDER BY p.event_id
-    LIMIT @max_rows
-));
 
 -- name: PlanEachCall :exec
 -- Plans the transaction's statements for their arguments from here on: the

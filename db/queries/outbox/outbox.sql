@@ -46,8 +46,12 @@ WHERE name = 'plan_cache_mode';
 -- planner believes of it (stale statistics of a growing outbox make an
 -- ORDER BY id LIMIT read and sort every unsent row).
 --
--- No row locks: the relay lock keeps other relays out, and neither the
--- cleaner nor redrive writes unsent rows.
+-- No row locks: the relay lock keeps other relays out, redrive writes no
+-- unsent rows, and the maintenance drops no partition that holds one.
+--
+-- The outbox is partitioned by created_at (db/migrations/platform/00010);
+-- ids are one identity across the partitions, so each end is a probe of
+-- every partition's partial index, a handful of partitions.
 WITH bounds AS MATERIALIZED (
     SELECT
         first.id AS lo,
@@ -80,22 +84,6 @@ SELECT
     now()::timestamptz                            AS now
 FROM outbox
 WHERE sent_at IS NULL;
-
--- name: DeleteSentOlderThan :execrows
--- Age is measured on the database clock, the clock that wrote sent_at, so
--- that a skewed application clock cannot shorten the re-drive window. The
--- outer condition is re-checked on a row that a concurrent Redrive has just
--- made unsent again, so such a row is kept. The rows are deleted by their
--- physical address: an IN (subquery) on the id was a hash join that read
--- the whole table for every batch (300,000 rows: 118 ms a batch against 14).
-DELETE FROM outbox
-WHERE ctid = ANY (ARRAY(
-    SELECT o.ctid FROM outbox o
-    WHERE o.sent_at < now() - @retention::interval
-    ORDER BY o.id
-    LIMIT @max_rows
-))
-AND sent_at < now() - @retention::interval;
 
 -- name: Redrive :execrows
 -- Marks rows sent at or after @since as unsent, so the relay publishes them

@@ -13,8 +13,8 @@ import (
 )
 
 const claimEvent = `-- name: ClaimEvent :one
-INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
-VALUES ($1, $2, $3, $4, $5)
+INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, minted_at)
+VALUES ($1, $2, $3, $4, $5, uuid7_time($2))
 ON CONFLICT DO NOTHING
 RETURNING event_id
 `
@@ -29,6 +29,9 @@ type ClaimEventParams struct {
 
 // Claims one event for a consumer. No row back means the event was already
 // processed (or is being processed by a transaction this insert waited for).
+// The row goes to the partition of the time in the event's id, the same
+// for every delivery of the event, where the primary key finds an earlier
+// claim (db/migrations/platform/00009).
 func (q *Queries) ClaimEvent(ctx context.Context, db DBTX, arg ClaimEventParams) (uuid.UUID, error) {
 	row := db.QueryRow(ctx, claimEvent,
 		arg.Consumer,
@@ -43,8 +46,8 @@ func (q *Queries) ClaimEvent(ctx context.Context, db DBTX, arg ClaimEventParams)
 }
 
 const claimEvents = `-- name: ClaimEvents :many
-INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
-SELECT $1::text, e.event_id, e.event_type, e.event_time, e.stream_seq
+INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, minted_at)
+SELECT $1::text, e.event_id, e.event_type, e.event_time, e.stream_seq, uuid7_time(e.event_id)
 FROM (
     -- Set-returning functions in one select list advance in lockstep.
     SELECT
@@ -96,8 +99,8 @@ func (q *Queries) ClaimEvents(ctx context.Context, db DBTX, arg ClaimEventsParam
 }
 
 const claimNewEvents = `-- name: ClaimNewEvents :exec
-INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq)
-SELECT $1::text, e.event_id, e.event_type, e.event_time, e.stream_seq
+INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, minted_at)
+SELECT $1::text, e.event_id, e.event_type, e.event_time, e.stream_seq, uuid7_time(e.event_id)
 FROM (
     SELECT
         unnest($2::uuid[])          AS event_id,
@@ -133,36 +136,6 @@ func (q *Queries) ClaimNewEvents(ctx context.Context, db DBTX, arg ClaimNewEvent
 		arg.StreamSeqs,
 	)
 	return err
-}
-
-const deleteMintedBefore = `-- name: DeleteMintedBefore :execrows
-DELETE FROM processed_events
-WHERE ctid = ANY (ARRAY(
-    SELECT p.ctid FROM processed_events p
-    WHERE p.event_id < $1
-    ORDER BY p.event_id
-    LIMIT $2
-))
-`
-
-type DeleteMintedBeforeParams struct {
-	BeforeID uuid.UUID
-	MaxRows  int32
-}
-
-// Deletes at most @max_rows rows of events whose ids were minted before
-// @before_id (event ids are UUIDv7s, which sort by the time they were
-// made), oldest first: a range of the primary key, then the rows by their
-// physical address (an IN (subquery) on the key was a hash join that read
-// the whole table for every batch: 300,000 rows, 99 ms a batch against
-// 15). The cleaner loops until it deletes fewer, so no single statement
-// holds locks for long.
-func (q *Queries) DeleteMintedBefore(ctx context.Context, db DBTX, arg DeleteMintedBeforeParams) (int64, error) {
-	result, err := db.Exec(ctx, deleteMintedBefore, arg.BeforeID, arg.MaxRows)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
 }
 
 const planEachCall = `-- name: PlanEachCall :exec

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const claimUnsent = `-- name: ClaimUnsent :many
@@ -63,8 +62,12 @@ type ClaimUnsentRow struct {
 // planner believes of it (stale statistics of a growing outbox make an
 // ORDER BY id LIMIT read and sort every unsent row).
 //
-// No row locks: the relay lock keeps other relays out, and neither the
-// cleaner nor redrive writes unsent rows.
+// No row locks: the relay lock keeps other relays out, redrive writes no
+// unsent rows, and the maintenance drops no partition that holds one.
+//
+// The outbox is partitioned by created_at (db/migrations/platform/00010);
+// ids are one identity across the partitions, so each end is a probe of
+// every partition's partial index, a handful of partitions.
 func (q *Queries) ClaimUnsent(ctx context.Context, db DBTX, arg ClaimUnsentParams) ([]ClaimUnsentRow, error) {
 	rows, err := db.Query(ctx, claimUnsent, arg.BatchSize, arg.InFlight)
 	if err != nil {
@@ -94,36 +97,6 @@ func (q *Queries) ClaimUnsent(ctx context.Context, db DBTX, arg ClaimUnsentParam
 		return nil, err
 	}
 	return items, nil
-}
-
-const deleteSentOlderThan = `-- name: DeleteSentOlderThan :execrows
-DELETE FROM outbox
-WHERE ctid = ANY (ARRAY(
-    SELECT o.ctid FROM outbox o
-    WHERE o.sent_at < now() - $1::interval
-    ORDER BY o.id
-    LIMIT $2
-))
-AND sent_at < now() - $1::interval
-`
-
-type DeleteSentOlderThanParams struct {
-	Retention pgtype.Interval
-	MaxRows   int32
-}
-
-// Age is measured on the database clock, the clock that wrote sent_at, so
-// that a skewed application clock cannot shorten the re-drive window. The
-// outer condition is re-checked on a row that a concurrent Redrive has just
-// made unsent again, so such a row is kept. The rows are deleted by their
-// physical address: an IN (subquery) on the id was a hash join that read
-// the whole table for every batch (300,000 rows: 118 ms a batch against 14).
-func (q *Queries) DeleteSentOlderThan(ctx context.Context, db DBTX, arg DeleteSentOlderThanParams) (int64, error) {
-	result, err := db.Exec(ctx, deleteSentOlderThan, arg.Retention, arg.MaxRows)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
 }
 
 const insertEvent = `-- name: InsertEvent :exec

@@ -1,0 +1,28 @@
+-- name: Partitions :many
+-- The partitions of @parent with their bounds, the DEFAULT partition
+-- included, in the order of their bounds. The epoch stands for an open
+-- bound: the lower bound of a partition FROM (MINVALUE), both bounds of
+-- the DEFAULT partition.
+SELECT p.name::text AS name,
+       coalesce(p.lo, 'epoch')::timestamptz AS lo,
+       coalesce(p.hi, 'epoch')::timestamptz AS hi,
+       p.is_default::boolean AS is_default
+FROM partitions_of(@parent::text) AS p
+ORDER BY 3 NULLS LAST;
+
+-- name: CreatePartition :one
+-- Adds the partition [@lo, @hi) of @parent, partitioned by @key, moving
+-- into it the DEFAULT partition's rows in that range (partition_create in
+-- db/migrations/platform/00008). False: it existed.
+SELECT partition_create(@parent::text, @key::text, @lo::timestamptz, @hi::timestamptz, @lock_timeout::text) AS created;
+
+-- name: DropPartition :one
+-- Drops @part, a partition of @parent (partition_drop in 00008).
+SELECT partition_drop(@parent::text, @part::text, @lock_timeout::text, NULL) AS dropped;
+
+-- name: DropSentPartition :one
+-- Drops @part, a partition of the outbox, unless it holds a row unsent or
+-- sent less than @retention ago, on the database clock, the clock that
+-- wrote sent_at, so that a skewed application clock cannot shorten the
+-- re-drive window. False: it was kept.
+SELECT partition_drop(@parent::text, @part::text, @lock_timeout::text, now() - @retention::interval) AS dropped;

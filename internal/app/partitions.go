@@ -1,0 +1,63 @@
+package app
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/internal/partition"
+	"github.com/onceflow/onceflow/internal/postgres"
+)
+
+// partitionObserver exports the partition maintenance's metrics.
+type partitionObserver struct {
+	steps      *prometheus.HistogramVec
+	partitions *prometheus.GaugeVec
+}
+
+var _ partition.Observer = partitionObserver{}
+
+// newPartitionObserver registers the partition maintenance's metrics on reg.
+func newPartitionObserver(reg prometheus.Registerer) (partitionObserver, error) {
+	o := partitionObserver{
+		steps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "onceflow_partition_step_duration_seconds",
+			Help:    "Time a partition create or drop took, its lock wait included (bounded by its lock_timeout; result=lock_timeout: tried again), by table, op and result.",
+			Buckets: latencyBuckets,
+		}, []string{"table", "op", "result"}),
+		partitions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "onceflow_partitions",
+			Help: "Partitions of a time-partitioned table (processed_events, outbox) after the last maintenance, its DEFAULT partition included.",
+		}, []string{"table"}),
+	}
+	return o, errors.Join(reg.Register(o.steps), reg.Register(o.partitions))
+}
+
+func (o partitionObserver) Step(table, op string, d time.Duration, err error) {
+	result := "ok"
+	switch {
+	case err == nil:
+	case postgres.IsLockNotAvailable(err):
+		result = "lock_timeout"
+	default:
+		result = "error"
+	}
+	o.steps.WithLabelValues(table, op, result).Observe(d.Seconds())
+}
+
+func (o partitionObserver) Partitions(table string, n int) {
+	o.partitions.WithLabelValues(table).Set(float64(n))
+}
+
+// maintenance is the service's partition maintenance: the inbox and the
+// outbox, with the intervals and retentions of cfg.
+func maintenance(s *service) *partition.Maintainer {
+	return partition.New(s.pool, partition.Config{
+		Tables: []partition.Table{
+			partition.InboxTable(s.cfg.InboxPartitionInterval, s.cfg.InboxRetention, s.cfg.InboxMaxSkew),
+			partition.OutboxTable(s.cfg.OutboxPartitionInterval, s.cfg.OutboxRetention),
+		},
+		Observer: s.partitions,
+	}, s.logger)
+}

@@ -1,0 +1,22 @@
+// Package partition keeps the time-partitioned tables of a service's
+// database, the inbox (processed_events, by the time in the event's id)
+// and the outbox (by the time its rows were written): a Maintainer adds
+// partitions ahead of the clock and drops whole partitions once they are
+// past their retention, so that retention costs a catalog change, never a
+// DELETE per row, its WAL and its dead tuples.
+//
+// Each step is one statement (partition_create, partition_drop in
+// db/migrations/platform/00008) that waits for its locks at most
+// Config.LockTimeout and is retried when it runs out, so a long
+// transaction delays the maintenance, never the service's writers behind
+// it: dropping a partition holds its table's ACCESS EXCLUSIVE lock only
+// for the drop. An outbox partition is dropped only when every row in it
+// is sent and was sent longer than the re-drive window ago, checked under
+// that lock. Rows that arrive before their partition exists (a new
+// database, a maintenance that fell behind) wait in the table's DEFAULT
+// partition and are moved into their partition when it is made.
+//
+// The inbox may drop a partition only because its consumers refuse an
+// event older than the retention (inbox.Config.Retention): Table.Retention
+// of processed_events adds a margin to it, see InboxTable.
+package partition

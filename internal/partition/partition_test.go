@@ -1,0 +1,171 @@
+package partition_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/inbox"
+	"github.com/onceflow/onceflow/internal/partition"
+	"github.com/onceflow/onceflow/internal/testenv"
+)
+
+// An event redelivered after the boundary of the partition it was first
+// processed in is still a duplicate: its claim goes to the partition of its
+// id's time, not of the time it comes. Once that partition is dropped, the
+// retention guard refuses the event: it is dead-lettered, with no effect.
+func TestRedeliveryAcrossPartitionsIsADuplicateAndPastTheirDropRefused(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	e.withNATS(t)
+	now := time.Now()
+	m, in, _ := e.maintainer(time.Hour, time.Hour, func() time.Time { return now })
+	_, err := m.Maintain(t.Context(), in)
+	require.NoError(t, err)
+
+	// Minted three seconds ago: its one-second partition is behind the
+	// clock already, and later partitions exist.
+	ev := eventMintedAt(t, now.Add(-3*time.Second))
+	c, stop := e.consume(t, time.Hour)
+	e.publish(t, ev)
+	awaitStats(t, c, inbox.Stats{Processed: 1})
+	first := e.partitionOf(t, ev.ID)
+	require.NotEqual(t, "processed_events_default", first)
+
+	now = time.Now().Add(2 * time.Second) // boundaries later
+	res, err := m.Maintain(t.Context(), in)
+	require.NoError(t, err)
+	require.Positive(t, res.Created)
+	e.publish(t, ev)
+	awaitStats(t, c, inbox.Stats{Processed: 1, Duplicates: 1})
+	require.Equal(t, first, e.partitionOf(t, ev.ID))
+	stop()
+
+	// A retention of two seconds, which the event, three seconds old, is
+	// past; the maintenance an hour on: every partition so far goes, the
+	// event's with it.
+	const retention = 2 * time.Second
+	m, in, _ = e.maintainer(retention, time.Hour, func() time.Time { return now.Add(time.Hour) })
+	res, err = m.Maintain(t.Context(), in)
+	require.NoError(t, err)
+	require.Positive(t, res.Dropped)
+	require.False(t, e.exists(t, first), "partition %s kept", first)
+
+	c, _ = e.consume(t, retention)
+	e.publish(t, ev)
+	awaitStats(t, c, inbox.Stats{DeadLettered: 1})
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, ev.ID))
+	require.Zero(t, e.count(t, `SELECT count(*) FROM processed_events WHERE event_id = $1`, ev.ID))
+}
+
+// An event from further in the future than the allowed skew is
+// dead-lettered, its claim never made.
+func TestEventsBeyondTheSkewAreDeadLettered(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	e.withNATS(t)
+	c, _ := e.consume(t, time.Hour)
+	future := eventMintedAt(t, time.Now().Add(inbox.DefaultMaxSkew+time.Hour))
+	near := eventMintedAt(t, time.Now().Add(inbox.DefaultMaxSkew/2))
+	e.publish(t, future)
+	e.publish(t, near)
+	awaitStats(t, c, inbox.Stats{Processed: 1, DeadLettered: 1})
+	require.Zero(t, e.count(t, `SELECT count(*) FROM processed_events WHERE event_id = $1`, future.ID))
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, near.ID))
+}
+
+// Claims made before their partition existed wait in the DEFAULT partition
+// and move into it when the maintenance makes it, where they still answer
+// a redelivery.
+func TestRowsInTheDefaultPartitionMoveIntoTheirs(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	e.withNATS(t)
+	c, _ := e.consume(t, time.Hour)
+	ev := eventMintedAt(t, time.Now())
+	e.publish(t, ev)
+	awaitStats(t, c, inbox.Stats{Processed: 1})
+	require.Equal(t, "processed_events_default", e.partitionOf(t, ev.ID))
+
+	m, in, _ := e.maintainer(time.Hour, time.Hour, time.Now)
+	_, err := m.Maintain(t.Context(), in)
+	require.NoError(t, err)
+	require.NotEqual(t, "processed_events_default", e.partitionOf(t, ev.ID))
+	require.Zero(t, e.count(t, `SELECT count(*) FROM processed_events_default`))
+
+	e.publish(t, ev)
+	awaitStats(t, c, inbox.Stats{Processed: 1, Duplicates: 1})
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, ev.ID))
+}
+
+// An outbox partition past the retention goes only once every row in it
+// was sent longer than the retention ago.
+func TestOutboxPartitionsGoOnlyWhenSentPastTheRetention(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	now := time.Now()
+	m, _, out := e.maintainer(time.Hour, time.Minute, func() time.Time { return now })
+	_, err := m.Maintain(t.Context(), out)
+	require.NoError(t, err)
+	_, err = e.db.Pool.Exec(t.Context(), `INSERT INTO outbox (event_id, event_type, source, subject, nats_subject, event_time, data)
+		SELECT gen_random_uuid(), 't', 's', 'order-' || n, 'orders.placed.v1', now(), '{}' FROM generate_series(1, 3) AS n`)
+	require.NoError(t, err)
+	var part string
+	require.NoError(t, e.db.Pool.QueryRow(t.Context(), `SELECT DISTINCT tableoid::regclass::text FROM outbox`).Scan(&part))
+	require.NotEqual(t, "outbox_default", part)
+
+	later := func() time.Time { return now.Add(time.Hour) }
+	m, _, out = e.maintainer(time.Hour, time.Minute, later)
+	maintain := func() partition.Result {
+		res, err := m.Maintain(t.Context(), out)
+		require.NoError(t, err)
+		return res
+	}
+	require.Positive(t, maintain().Kept, "unsent rows")
+	require.True(t, e.exists(t, part))
+
+	exec := func(sql string) {
+		_, err := e.db.Pool.Exec(t.Context(), sql)
+		require.NoError(t, err)
+	}
+	exec(`UPDATE outbox SET sent_at = now() - interval '2 minutes' WHERE id <> (SELECT max(id) FROM outbox)`)
+	exec(`UPDATE outbox SET sent_at = now() WHERE id = (SELECT max(id) FROM outbox)`)
+	require.Positive(t, maintain().Kept, "a row sent within the retention")
+	require.True(t, e.exists(t, part))
+
+	exec(`UPDATE outbox SET sent_at = now() - interval '2 minutes'`)
+	require.Positive(t, maintain().Dropped)
+	require.False(t, e.exists(t, part))
+	require.Zero(t, e.count(t, `SELECT count(*) FROM outbox`))
+}
+
+// A step waits for its lock no longer than the lock timeout: a transaction
+// that holds the table keeps the drop out (retried, then reported), and the
+// drop goes once it ended.
+func TestADropWaitsNoLongerThanTheLockTimeout(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	now := time.Now()
+	m, in, _ := e.maintainer(time.Second, time.Hour, func() time.Time { return now })
+	_, err := m.Maintain(t.Context(), in)
+	require.NoError(t, err)
+
+	tx := testenv.Begin(t, e.db.Pool)
+	_, err = tx.Exec(t.Context(), `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, minted_at)
+		VALUES ('c', gen_random_uuid(), 't', now(), 1, now())`)
+	require.NoError(t, err)
+
+	now = now.Add(time.Hour)
+	start := time.Now()
+	_, err = m.Maintain(t.Context(), in)
+	require.ErrorContains(t, err, "lock")
+	// Two attempts of 50ms and a pause: far less than the transaction.
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.NoError(t, tx.Commit(context.WithoutCancel(t.Context())))
+
+	res, err := m.Maintain(t.Context(), in)
+	require.NoError(t, err)
+	require.Positive(t, res.Dropped)
+}

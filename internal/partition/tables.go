@@ -1,0 +1,42 @@
+package partition
+
+import "time"
+
+// InboxTable is processed_events, partitioned by the time in the event's
+// id, for consumers that refuse events older than retention and further
+// in the future than skew (inbox.Config.Retention and MaxSkew).
+//
+// A partition goes a margin after the retention: a tenth of it, at least
+// an interval, at most an hour. The margin is the time a consumer may take
+// between its retention guard letting an event through and its claim; past
+// it, the claim of an event whose partition is gone would land in the
+// DEFAULT partition and not see the first claim. Partitions are made skew
+// ahead, so that every event a consumer accepts has its partition.
+func InboxTable(interval, retention, skew time.Duration) Table {
+	return Table{
+		Name:      "processed_events",
+		Key:       "minted_at",
+		Interval:  interval,
+		Ahead:     skew + interval,
+		Retention: retention + InboxMargin(retention, interval),
+	}
+}
+
+// InboxMargin is how long after the retention an inbox partition is kept;
+// see InboxTable.
+func InboxMargin(retention, interval time.Duration) time.Duration {
+	return min(time.Hour, max(retention/10, interval))
+}
+
+// OutboxTable is the outbox, partitioned by the time its rows were
+// written; a partition goes once every row in it was sent more than
+// retention (the re-drive window) ago.
+func OutboxTable(interval, retention time.Duration) Table {
+	return Table{
+		Name:      "outbox",
+		Key:       "created_at",
+		Interval:  interval,
+		Retention: retention,
+		SentOnly:  true,
+	}
+}
