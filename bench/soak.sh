@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Time-compressed soak of retention, side by side: the row-deleting
+# cleaners of the release before partitioning (OLD) against this tree's
+# partitioned inbox and outbox, in one run, both at once, each on its own
+# PostgreSQL cluster (with pg_stat_statements), its own `onceflow dev
+# --durable` and its own loadgen at a fixed rate. Retention is minutes and
+# partitions seconds, so that dozens of partition cycles pass in the run.
+# Every SAMPLE seconds it records, per variant: the saga's throughput
+# (orders confirmed), placed→confirmed p50/p99 (orders.created_at to the
+# confirming update, the order service's clock), the inbox and outbox
+# tables' total size (heap, indexes, TOAST, every partition, all four
+# databases), their dead tuples, WAL bytes per order placed, and the
+# cleanup's longest statement (the most a cleanup held its locks, or kept
+# writers waiting for one: pg_stat_statements' max_exec_time of the
+# DELETEs, or of partition_create/partition_drop). Then it prints both
+# tables and draws size and p99 over the run (bench/soak/main.go).
+#
+#   bench/soak.sh
+#   RATE=100/s DURATION=15m bench/soak.sh
+#
+# RATE        loadgen's rate, per variant (default 50/s)
+# DURATION    how long loadgen places orders (default 15m)
+# SAMPLE      seconds between samples (default 60)
+# OLD         the old revision (default: the parent of the commit that
+#             partitioned the tables)
+# OUT         where the CSVs and the plot go (default bench/soak-out)
+#
+# The old release's own inbox cleaner runs hourly with an hour's margin
+# (neither was a setting), so this script runs its DELETE, verbatim, every
+# 10 seconds with the margin the partitioned inbox uses (a tenth of the
+# retention); its outbox cleaner is its own (every minute, OUTBOX_RETENTION).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rate=${RATE:-50/s}
+duration=${DURATION:-15m}
+sample=${SAMPLE:-60}
+out=${OUT:-bench/soak-out}
+old=${OLD:-$(git log --format=%H -1 --diff-filter=A -- db/migrations/platform/00009_processed_events_partitioned.sql)^}
+bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+[ -x "$bindir/initdb" ] || { echo "no PostgreSQL server binaries under /usr/lib/postgresql" >&2; exit 1; }
+
+# The compressed settings, the same for both variants.
+export INBOX_RETENTION=3m OUTBOX_RETENTION=2m STREAM_DUPLICATE_WINDOW=1m
+export INBOX_PARTITION_INTERVAL=10s OUTBOX_PARTITION_INTERVAL=10s INBOX_MAX_SKEW=20s
+inbox_cut="3 minutes 18 seconds" # retention plus a tenth
+
+mkdir -p "$out"
+dir=$(mktemp -d /tmp/onceflow-soak.XXXXXX)
+as_pg() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/sh -c "$*"; else sh -c "$*"; fi; }
+[ "$(id -u)" = 0 ] && chown postgres "$dir"
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	for v in old new; do
+		[ -d "$dir/$v/data" ] && as_pg "'$bindir/pg_ctl' -D '$dir/$v/data' -m fast stop >/dev/null" || true
+	done
+	rm -rf "$dir"
+}
+trap cleanup EXIT
+
+mkdir -p "$dir/src" && git archive "$old" | tar -x -C "$dir/src"
+(cd "$dir/src" && go build -o "$dir/onceflow-old" ./cmd/onceflow)
+go build -o "$dir/onceflow-new" ./cmd/onceflow
+
+# variant NAME BINARY PGPORT HTTPPORT NATSPORT
+variant() {
+	local v=$1 bin=$2 port=$3 http=$4 nats=$5
+	mkdir -p "$dir/$v" && [ "$(id -u)" = 0 ] && chown postgres "$dir/$v"
+	as_pg "'$bindir/initdb' -D '$dir/$v/data' -U postgres -A trust >/dev/null"
+	as_pg "'$bindir/pg_ctl' -D '$dir/$v/data' -l '$dir/$v/pg.log' -w -o \"-p $port -k '$dir/$v' -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_preload_libraries=pg_stat_statements\" start >/dev/null"
+	psql -h 127.0.0.1 -p "$port" -U postgres -qAt -c "CREATE EXTENSION pg_stat_statements"
+	DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres" LOG_LEVEL=warn \
+		"$bin" dev --durable --http-port "$http" --nats-port "$nats" --console-port -1 >"$dir/$v/dev.log" 2>&1 &
+	pids+=($!)
+	for _ in $(seq 240); do
+		"$bin" healthcheck "http://127.0.0.1:$((http + 3))/readyz" >/dev/null 2>&1 && break
+		sleep 0.5
+	done
+	"$bin" healthcheck "http://127.0.0.1:$((http + 3))/readyz" >/dev/null
+}
+
+variant old "$dir/onceflow-old" 15441 18180 14241
+variant new "$dir/onceflow-new" 15442 18280 14242
+
+dbs="onceflow_order onceflow_payment onceflow_inventory onceflow_notify"
+q() { psql -h 127.0.0.1 -p "$1" -U postgres -d "$2" -qAt -F, -c "$3"; }
+
+# The old inbox cleaner's statement (db/queries/inbox DeleteMintedBefore
+# of $old), compressed: every 10 seconds, batches of 10,000, until fewer.
+old_inbox_cleaner() {
+	while :; do
+		for d in $dbs; do
+			while :; do
+				n=$(q 15441 "$d" "WITH d AS (DELETE FROM processed_events WHERE ctid = ANY (ARRAY(
+					SELECT p.ctid FROM processed_events p
+					WHERE p.event_id < (lpad(to_hex((extract(epoch FROM now() - interval '$inbox_cut') * 1000)::bigint), 12, '0') || '70008000000000000000')::uuid
+					ORDER BY p.event_id LIMIT 10000)) RETURNING 1) SELECT count(*) FROM d")
+				[ "${n:-0}" -lt 10000 ] && break
+			done
+		done
+		sleep 10
+	done
+}
+old_inbox_cleaner >/dev/null 2>&1 &
+pids+=($!)
+
+# sample PORT: one CSV line of the last SAMPLE seconds.
+sample() {
+	local port=$1 placed=0 confirmed=0 size=0 dead=0 lock=0 lat
+	lat=$(q "$port" onceflow_order "SELECT count(*),
+		coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at) * 1000), 0)::int,
+		coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at) * 1000), 0)::int
+		FROM orders WHERE status = 'CONFIRMED' AND updated_at >= now() - interval '$sample seconds'")
+	placed=$(q "$port" onceflow_order "SELECT count(*) FROM orders WHERE created_at >= now() - interval '$sample seconds'")
+	for d in $dbs; do
+		size=$((size + $(q "$port" "$d" "SELECT (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree('processed_events'))
+			+ (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree('outbox'))")))
+		dead=$((dead + $(q "$port" "$d" "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE relname LIKE 'processed\_events%' OR relname LIKE 'outbox%'")))
+	done
+	lock=$(q "$port" postgres "SELECT coalesce(max(max_exec_time), 0)::int FROM pg_stat_statements
+		WHERE query ~ 'DELETE FROM (outbox|processed_events)|partition_(create|drop)\('")
+	q "$port" postgres "SELECT pg_stat_statements_reset(0, 0, queryid) FROM pg_stat_statements
+		WHERE query ~ 'DELETE FROM (outbox|processed_events)|partition_(create|drop)\('" >/dev/null
+	local wal
+	wal=$(q "$port" postgres "SELECT pg_current_wal_lsn() - '0/0'")
+	echo "$lat,$placed,$size,$dead,$lock,$wal"
+}
+
+for v in old new; do echo "t_s,confirmed,p50_ms,p99_ms,placed,size_bytes,dead_tuples,cleanup_max_ms,wal_lsn" >"$out/$v.csv"; done
+sampler() {
+	local start=$SECONDS
+	while :; do
+		sleep "$sample"
+		local t=$((SECONDS - start))
+		echo "$t,$(sample 15441)" >>"$out/old.csv"
+		echo "$t,$(sample 15442)" >>"$out/new.csv"
+	done
+}
+sampler &
+pids+=($!)
+
+loadgen() {
+	local v=$1 http=$2
+	"$dir/onceflow-$v" loadgen --rate "$rate" --duration "$duration" --customers 400 --skus 400 \
+		--order-url "http://127.0.0.1:$http" --payment-url "http://127.0.0.1:$((http + 1))" \
+		--inventory-url "http://127.0.0.1:$((http + 2))" --issuer-url "http://127.0.0.1:$((http + 4))" \
+		>"$out/loadgen-$v.txt" 2>&1
+}
+loadgen old 18180 &
+lg_old=$!
+loadgen new 18280 &
+lg_new=$!
+wait "$lg_old" "$lg_new" || true
+sleep "$sample"
+go run ./bench/soak -old "$out/old.csv" -new "$out/new.csv" -sample "$sample" -svg "$out/soak.svg"

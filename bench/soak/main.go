@@ -1,0 +1,186 @@
+// Command soak reads the samples bench/soak.sh took of its two variants
+// (the row-deleting cleaners of the release before partitioning, and the
+// partitioned inbox and outbox), prints them side by side, judges the
+// targets of retention by partitions, and draws the tables' size and the
+// placed→confirmed p99 over the run as an SVG.
+//
+//	go run ./bench/soak -old old.csv -new new.csv -sample 60 -svg soak.svg
+package main
+
+import (
+	"encoding/csv"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "soak:", err)
+		os.Exit(1)
+	}
+}
+
+// sample is one row of a variant's CSV, with the rates derived from it.
+type sample struct {
+	T          int     // seconds since the start
+	Throughput float64 // orders confirmed per second
+	P50, P99   float64 // placed→confirmed, ms
+	Size       float64 // inbox and outbox, MB, every database
+	Dead       int64   // dead tuples of the inbox and the outbox
+	CleanupMax float64 // the cleanup's longest statement, ms
+	WALPer     float64 // WAL bytes per order placed in the sample
+}
+
+func run(args []string, w io.Writer) error {
+	fs := flag.NewFlagSet("soak", flag.ContinueOnError)
+	oldPath := fs.String("old", "", "CSV of the row-deleting variant")
+	newPath := fs.String("new", "", "CSV of the partitioned variant")
+	period := fs.Int("sample", 60, "seconds between samples")
+	settle := fs.Int("settle", 300, "seconds after which retention is reached (flatness is judged from there)")
+	svgPath := fs.String("svg", "", "draw size and p99 over the run to `FILE`")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	old, err := read(*oldPath, *period)
+	if err != nil {
+		return err
+	}
+	part, err := read(*newPath, *period)
+	if err != nil {
+		return err
+	}
+	print(w, "row-deleting cleaners (old)", old)
+	print(w, "partitions (new)", part)
+	judge(w, old, part, *settle)
+	if *svgPath != "" {
+		return os.WriteFile(*svgPath, []byte(plot(old, part)), 0o644)
+	}
+	return nil
+}
+
+func read(path string, period int) ([]sample, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	rows, err := csv.NewReader(f).ReadAll()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	var out []sample
+	var lastWAL float64
+	for i, r := range rows {
+		if i == 0 {
+			continue // header
+		}
+		if len(r) != 9 {
+			return nil, fmt.Errorf("%s line %d: %d fields, want 9", path, i+1, len(r))
+		}
+		v := make([]float64, len(r))
+		for j, s := range r {
+			if v[j], err = strconv.ParseFloat(strings.TrimSpace(s), 64); err != nil {
+				return nil, fmt.Errorf("%s line %d: %w", path, i+1, err)
+			}
+		}
+		s := sample{
+			T: int(v[0]), Throughput: v[1] / float64(period), P50: v[2], P99: v[3],
+			Size: v[5] / 1e6, Dead: int64(v[6]), CleanupMax: v[7],
+		}
+		if lastWAL > 0 && v[4] > 0 {
+			s.WALPer = (v[8] - lastWAL) / v[4]
+		}
+		lastWAL = v[8]
+		out = append(out, s)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no samples", path)
+	}
+	return out, nil
+}
+
+func print(w io.Writer, title string, ss []sample) {
+	fmt.Fprintf(w, "\n%s\n%6s %9s %7s %7s %9s %10s %11s %10s\n", title,
+		"min", "orders/s", "p50 ms", "p99 ms", "size MB", "dead tup", "cleanup ms", "WAL/order")
+	for _, s := range ss {
+		fmt.Fprintf(w, "%6.1f %9.1f %7.0f %7.0f %9.1f %10d %11.0f %10.0f\n",
+			float64(s.T)/60, s.Throughput, s.P50, s.P99, s.Size, s.Dead, s.CleanupMax, s.WALPer)
+	}
+}
+
+// judge prints the targets of the issue, each met or missed.
+func judge(w io.Writer, old, part []sample, settle int) {
+	after := func(ss []sample) []sample {
+		var out []sample
+		for _, s := range ss {
+			if s.T >= settle {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	po, pp := after(old), after(part)
+	fmt.Fprintf(w, "\nfrom minute %.0f on (retention reached):\n", float64(settle)/60)
+	if len(pp) == 0 || len(po) == 0 {
+		fmt.Fprintln(w, "  too short a run to judge")
+		return
+	}
+	sizeSpread := spread(pp, func(s sample) float64 { return s.Size })
+	p99Spread := spread(pp, func(s sample) float64 { return s.P99 })
+	check(w, fmt.Sprintf("partitioned size flat within ±10%%: %+.1f%%/%+.1f%% around its mean", sizeSpread[0], sizeSpread[1]),
+		sizeSpread[0] >= -10 && sizeSpread[1] <= 10)
+	check(w, fmt.Sprintf("partitioned p99 flat within ±10%%: %+.1f%%/%+.1f%% around its mean", p99Spread[0], p99Spread[1]),
+		p99Spread[0] >= -10 && p99Spread[1] <= 10)
+	deadMax := maxOf(pp, func(s sample) float64 { return float64(s.Dead) })
+	check(w, fmt.Sprintf("partitioned dead tuples at most %.0f (row-deleting: up to %.0f)", deadMax,
+		maxOf(po, func(s sample) float64 { return float64(s.Dead) })), deadMax < 1000)
+	walOld, walNew := mean(po, func(s sample) float64 { return s.WALPer }), mean(pp, func(s sample) float64 { return s.WALPer })
+	check(w, fmt.Sprintf("WAL per order %.0f B partitioned against %.0f B row-deleting (%.2fx)", walNew, walOld, walNew/walOld), walNew < walOld)
+	lockNew := maxOf(part, func(s sample) float64 { return s.CleanupMax })
+	check(w, fmt.Sprintf("longest cleanup statement %.0f ms partitioned (row-deleting: %.0f ms)", lockNew,
+		maxOf(old, func(s sample) float64 { return s.CleanupMax })), lockNew <= 100)
+	startOld, endNew := old[0].Throughput, mean(pp, func(s sample) float64 { return s.Throughput })
+	check(w, fmt.Sprintf("partitioned throughput %.1f/s once retention is reached, %.2fx the row-deleting one's at the start (%.1f/s)",
+		endNew, endNew/startOld, startOld), endNew >= 0.9*startOld)
+}
+
+func check(w io.Writer, what string, ok bool) {
+	mark := "met   "
+	if !ok {
+		mark = "MISSED"
+	}
+	fmt.Fprintf(w, "  %s %s\n", mark, what)
+}
+
+// spread is the lowest and highest of f over ss, in percent of its mean.
+func spread(ss []sample, f func(sample) float64) [2]float64 {
+	m := mean(ss, f)
+	lo, hi := f(ss[0]), f(ss[0])
+	for _, s := range ss {
+		lo, hi = min(lo, f(s)), max(hi, f(s))
+	}
+	if m == 0 {
+		return [2]float64{}
+	}
+	return [2]float64{(lo - m) / m * 100, (hi - m) / m * 100}
+}
+
+func mean(ss []sample, f func(sample) float64) float64 {
+	var sum float64
+	for _, s := range ss {
+		sum += f(s)
+	}
+	return sum / float64(len(ss))
+}
+
+func maxOf(ss []sample, f func(sample) float64) float64 {
+	var m float64
+	for _, s := range ss {
+		m = max(m, f(s))
+	}
+	return m
+}
