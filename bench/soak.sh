@@ -18,7 +18,7 @@
 #   bench/soak.sh
 #   RATE=100/s DURATION=15m bench/soak.sh
 #
-# RATE        loadgen's rate, per variant (default 50/s)
+# RATE        loadgen's rate, per variant (default 20/s)
 # DURATION    how long loadgen places orders (default 15m)
 # SAMPLE      seconds between samples (default 60)
 # OLD         the old revision (default: the parent of the commit that
@@ -32,7 +32,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rate=${RATE:-50/s}
+rate=${RATE:-20/s}
 duration=${DURATION:-15m}
 sample=${SAMPLE:-60}
 out=${OUT:-bench/soak-out}
@@ -59,6 +59,7 @@ cleanup() {
 	rm -rf "$dir"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 mkdir -p "$dir/src" && git archive "$old" | tar -x -C "$dir/src"
 (cd "$dir/src" && go build -o "$dir/onceflow-old" ./cmd/onceflow)
@@ -115,9 +116,11 @@ sample() {
 		FROM orders WHERE status = 'CONFIRMED' AND updated_at >= now() - interval '$sample seconds'")
 	placed=$(q "$port" onceflow_order "SELECT count(*) FROM orders WHERE created_at >= now() - interval '$sample seconds'")
 	for d in $dbs; do
-		size=$((size + $(q "$port" "$d" "SELECT (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree('processed_events'))
-			+ (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree('outbox'))")))
-		dead=$((dead + $(q "$port" "$d" "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE relname LIKE 'processed\_events%' OR relname LIKE 'outbox%'")))
+		# Every table that holds rows (relkind r): the plain tables of the
+		# old release, the partitions of the new.
+		size=$((size + $(q "$port" "$d" "SELECT coalesce(sum(pg_total_relation_size(oid)), 0) FROM pg_class
+			WHERE relkind = 'r' AND relname ~ '^(processed_events|outbox)(_|$)'")))
+		dead=$((dead + $(q "$port" "$d" "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE relname ~ '^(processed_events|outbox)(_|$)'")))
 	done
 	lock=$(q "$port" postgres "SELECT coalesce(max(max_exec_time), 0)::int FROM pg_stat_statements
 		WHERE query ~ 'DELETE FROM (outbox|processed_events)|partition_(create|drop)\('")
