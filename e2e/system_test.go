@@ -242,12 +242,12 @@ func (sys *system) start(d deployment) {
 				"SHUTDOWN_TIMEOUT=20s",
 				"AUTH_JWKS_URL=" + sys.issuerURL + auth.JWKSPath,
 				"AUTH_ISSUER=" + sys.issuerURL,
-				// Partitions of a second: every scenario's events and
+				// Partitions of five seconds: every scenario's events and
 				// outbox rows cross partition boundaries, and the
 				// maintenance creates partitions while faults strike.
-				"INBOX_PARTITION_INTERVAL=1s",
-				"OUTBOX_PARTITION_INTERVAL=1s",
-				"INBOX_MAX_SKEW=5s",
+				"INBOX_PARTITION_INTERVAL=5s",
+				"OUTBOX_PARTITION_INTERVAL=5s",
+				"INBOX_MAX_SKEW=10s",
 			}
 			s := &service{
 				kind:    kind,
