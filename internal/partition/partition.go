@@ -30,9 +30,12 @@ type Table struct {
 	// multiples of it, as time.Truncate aligns (but the first after a
 	// migration, which starts where the migration's partition ends).
 	Interval time.Duration
-	// Ahead is how far past the clock partitions exist (at least two
-	// intervals are made ahead whatever it says).
-	Ahead time.Duration
+	// Accepts is how far past the clock rows may be written (the inbox's
+	// allowed skew; none in the outbox, written at the time of its
+	// transaction). Partitions are made two intervals further ahead, so
+	// that a new partition's range is one where nobody writes yet, and
+	// attaching it keeps no writer waiting.
+	Accepts time.Duration
 	// Retention: a partition whose upper bound is older than it is dropped.
 	Retention time.Duration
 	// SentOnly keeps an outbox partition while it holds a row unsent or sent
@@ -41,9 +44,9 @@ type Table struct {
 }
 
 func (t Table) validate() error {
-	if t.Name == "" || t.Key == "" || t.Interval < time.Second || t.Retention <= 0 || t.Ahead < 0 {
-		return fmt.Errorf("partitioned table %q (key %q): interval %s must be at least a second, retention %s positive, ahead %s not negative",
-			t.Name, t.Key, t.Interval, t.Retention, t.Ahead)
+	if t.Name == "" || t.Key == "" || t.Interval < time.Second || t.Retention <= 0 || t.Accepts < 0 {
+		return fmt.Errorf("partitioned table %q (key %q): interval %s must be at least a second, retention %s positive, accepts %s not negative",
+			t.Name, t.Key, t.Interval, t.Retention, t.Accepts)
 	}
 	return nil
 }
@@ -150,8 +153,8 @@ func (m *Maintainer) Run(ctx context.Context) error {
 	}
 }
 
-// Maintain runs one round on t: it adds the partitions missing up to
-// Ahead past the clock and drops those past t.Retention.
+// Maintain runs one round on t: it adds the partitions missing up to two
+// intervals past Accepts and drops those past t.Retention.
 func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
 	var res Result
 	parts, err := m.queries.Partitions(ctx, m.pool, t.Name)
@@ -163,6 +166,7 @@ func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
 		ok, err := m.step(ctx, t.Name, "create", func(lockTimeout string) (bool, error) {
 			return m.queries.CreatePartition(ctx, m.pool, dbsqlc.CreatePartitionParams{
 				Parent: t.Name, Key: t.Key, Lo: r.lo, Hi: r.hi, LockTimeout: lockTimeout,
+				Exclusive: r.lo.Before(now.Add(t.Accepts)),
 			})
 		})
 		if err != nil {
@@ -225,13 +229,13 @@ func (m *Maintainer) step(ctx context.Context, table, op string, run func(lockTi
 // span is a partition's range [lo, hi).
 type span struct{ lo, hi time.Time }
 
-// missing is the partitions to add to t so that they reach Ahead (and two
-// intervals) past now: from the upper bound of the last partition on, in
-// steps aligned on the interval. A gap since the last partition older than
+// missing is the partitions to add to t so that they reach two intervals
+// past Accepts: from the upper bound of the last partition on, in steps
+// aligned on the interval. A gap since the last partition older than
 // an interval (a database migrated long before its maintenance first ran)
 // is covered by one partition up to the current interval.
 func missing(t Table, parts []dbsqlc.PartitionsRow, now time.Time) []span {
-	until := now.Add(max(t.Ahead, 2*t.Interval))
+	until := now.Add(t.Accepts + 2*t.Interval)
 	from := now.Truncate(t.Interval)
 	var last time.Time
 	for _, p := range parts {

@@ -169,3 +169,41 @@ func TestADropWaitsNoLongerThanTheLockTimeout(t *testing.T) {
 	require.NoError(t, err)
 	require.Positive(t, res.Dropped)
 }
+
+// A partition of the present is attached with the table locked out for
+// writers: an insert that started before the attach and waited for it would
+// route its row with the partitions it saw, to the DEFAULT partition, and
+// fail that partition's new constraint. Here the attach waits behind a
+// transaction that wrote to the DEFAULT partition, and a second writer
+// comes while it waits; both rows end in their partition.
+func TestAPartitionOfThePresentIsMadeUnderNoWriter(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	m := partition.New(e.db.Pool, partition.Config{LockTimeout: waitFor, Attempts: 1}, e.logger)
+	out := partition.OutboxTable(time.Hour, time.Hour)
+	insert := `INSERT INTO outbox (event_id, event_type, source, subject, nats_subject, event_time, data)
+		VALUES (gen_random_uuid(), 't', 's', 'order-1', 'orders.placed.v1', now(), '{}')`
+
+	first := testenv.Begin(t, e.db.Pool)
+	_, err := first.Exec(t.Context(), insert)
+	require.NoError(t, err)
+
+	maintained := make(chan error, 1)
+	go func() {
+		_, err := m.Maintain(context.WithoutCancel(t.Context()), out)
+		maintained <- err
+	}()
+	e.awaitLockWaits(t, 1)
+	second := make(chan error, 1)
+	go func() {
+		_, err := e.db.Pool.Exec(context.WithoutCancel(t.Context()), insert)
+		second <- err
+	}()
+	e.awaitLockWaits(t, 2)
+	require.NoError(t, first.Commit(context.WithoutCancel(t.Context())))
+
+	require.NoError(t, <-maintained)
+	require.NoError(t, <-second)
+	require.Zero(t, e.count(t, `SELECT count(*) FROM outbox_default`))
+	require.Equal(t, 2, e.count(t, `SELECT count(*) FROM outbox`))
+}

@@ -155,3 +155,14 @@ func awaitStats(t *testing.T, c *inbox.Consumer, want inbox.Stats) {
 		assert.Equal(c2, want, c.Stats())
 	}, waitFor, tick)
 }
+
+// awaitLockWaits waits until n sessions of e's database wait for a lock.
+func (e *env) awaitLockWaits(t *testing.T, n int) {
+	t.Helper()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var waiting int
+		assert.NoError(c, e.db.Pool.QueryRow(t.Context(),
+			`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting))
+		assert.Equal(c, n, waiting)
+	}, waitFor, tick)
+}

@@ -10,14 +10,15 @@ import "time"
 // an interval, at most an hour. The margin is the time a consumer may take
 // between its retention guard letting an event through and its claim; past
 // it, the claim of an event whose partition is gone would land in the
-// DEFAULT partition and not see the first claim. Partitions are made skew
-// ahead, so that every event a consumer accepts has its partition.
+// DEFAULT partition and not see the first claim. Partitions are made
+// beyond skew ahead, so that every event a consumer accepts has its
+// partition.
 func InboxTable(interval, retention, skew time.Duration) Table {
 	return Table{
 		Name:      "processed_events",
 		Key:       "minted_at",
 		Interval:  interval,
-		Ahead:     skew + interval,
+		Accepts:   skew,
 		Retention: retention + InboxMargin(retention, interval),
 	}
 }

@@ -37,13 +37,17 @@ $$;
 -- landed in the DEFAULT partition in that range (before the maintenance
 -- made the partition: a new database, a maintenance that fell behind) are
 -- moved into it first. The new table is attached, which takes only a SHARE
--- UPDATE EXCLUSIVE lock on parent (writers carry on); the DEFAULT
+-- UPDATE EXCLUSIVE lock on parent (writers carry on) for a range in the
+-- future, where nobody writes yet. For a range where writes may be under
+-- way (exclusive), parent is locked ACCESS EXCLUSIVE: a transaction that
+-- holds the table from before the attach would still route a row of the
+-- range to the DEFAULT partition, and fail its constraint. The DEFAULT
 -- partition is locked ACCESS EXCLUSIVE while it is checked, for as long as
 -- its rows in the range take to move, normally none. Every lock is waited
 -- for at most lock_timeout (lock_not_available otherwise: the caller
 -- retries). Returns false when the partition existed already.
 -- +goose StatementBegin
-CREATE FUNCTION partition_create(parent text, key text, lo timestamptz, hi timestamptz, lock_timeout text)
+CREATE FUNCTION partition_create(parent text, key text, lo timestamptz, hi timestamptz, lock_timeout text, exclusive boolean)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     part text := format('%s_p%s', parent, to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD"_"HH24MISS'));
@@ -53,7 +57,8 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM set_config('lock_timeout', lock_timeout, true);
-    EXECUTE format('LOCK TABLE ONLY %I IN SHARE UPDATE EXCLUSIVE MODE', parent);
+    EXECUTE format('LOCK TABLE ONLY %I IN %s MODE', parent,
+        CASE WHEN exclusive THEN 'ACCESS EXCLUSIVE' ELSE 'SHARE UPDATE EXCLUSIVE' END);
     EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', part, parent);
     SELECT p.name INTO dflt FROM partitions_of(parent) p WHERE p.is_default;
     IF dflt IS NOT NULL THEN
@@ -97,6 +102,6 @@ $$;
 
 -- +goose Down
 DROP FUNCTION partition_drop(text, text, text, timestamptz);
-DROP FUNCTION partition_create(text, text, timestamptz, timestamptz, text);
+DROP FUNCTION partition_create(text, text, timestamptz, timestamptz, text, boolean);
 DROP FUNCTION partitions_of(text);
 DROP FUNCTION uuid7_time(uuid);

@@ -13,8 +13,10 @@ ORDER BY 3 NULLS LAST;
 -- name: CreatePartition :one
 -- Adds the partition [@lo, @hi) of @parent, partitioned by @key, moving
 -- into it the DEFAULT partition's rows in that range (partition_create in
--- db/migrations/platform/00008). False: it existed.
-SELECT partition_create(@parent::text, @key::text, @lo::timestamptz, @hi::timestamptz, @lock_timeout::text) AS created;
+-- db/migrations/platform/00008). @exclusive locks the table out for
+-- writers for the attach: a range where writes may be under way. False: it
+-- existed.
+SELECT partition_create(@parent::text, @key::text, @lo::timestamptz, @hi::timestamptz, @lock_timeout::text, @exclusive::boolean) AS created;
 
 -- name: DropPartition :one
 -- Drops @part, a partition of @parent (partition_drop in 00008).

@@ -13,7 +13,7 @@ import (
 )
 
 const createPartition = `-- name: CreatePartition :one
-SELECT partition_create($1::text, $2::text, $3::timestamptz, $4::timestamptz, $5::text) AS created
+SELECT partition_create($1::text, $2::text, $3::timestamptz, $4::timestamptz, $5::text, $6::boolean) AS created
 `
 
 type CreatePartitionParams struct {
@@ -22,11 +22,14 @@ type CreatePartitionParams struct {
 	Lo          time.Time
 	Hi          time.Time
 	LockTimeout string
+	Exclusive   bool
 }
 
 // Adds the partition [@lo, @hi) of @parent, partitioned by @key, moving
 // into it the DEFAULT partition's rows in that range (partition_create in
-// db/migrations/platform/00008). False: it existed.
+// db/migrations/platform/00008). @exclusive locks the table out for
+// writers for the attach: a range where writes may be under way. False: it
+// existed.
 func (q *Queries) CreatePartition(ctx context.Context, db DBTX, arg CreatePartitionParams) (bool, error) {
 	row := db.QueryRow(ctx, createPartition,
 		arg.Parent,
@@ -34,6 +37,7 @@ func (q *Queries) CreatePartition(ctx context.Context, db DBTX, arg CreatePartit
 		arg.Lo,
 		arg.Hi,
 		arg.LockTimeout,
+		arg.Exclusive,
 	)
 	var created bool
 	err := row.Scan(&created)
