@@ -16,8 +16,8 @@ import (
 )
 
 const (
-	defaultLockTimeout = 100 * time.Millisecond
-	defaultAttempts    = 10
+	defaultLockTimeout = 50 * time.Millisecond
+	defaultAttempts    = 20
 	// The maintenance runs at least this often, and at most once a second.
 	maxEvery = time.Minute
 )
@@ -57,9 +57,9 @@ type Config struct {
 	// Every is the pause between two rounds of maintenance (default half
 	// the shortest Interval, within a second and a minute).
 	Every time.Duration
-	// LockTimeout bounds each step's wait for its locks (default 100ms);
+	// LockTimeout bounds each step's wait for its locks (default 50ms);
 	// a step that runs out is tried again, Attempts times in all (default
-	// 10), and then at the next round.
+	// 20), and then at the next round.
 	LockTimeout time.Duration
 	Attempts    int
 	// Observer, when set, is told of every step (metrics); package app
