@@ -51,7 +51,9 @@ as_pg() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/sh -c "$*"; else sh -c
 [ "$(id -u)" = 0 ] && chown postgres "$dir"
 pids=()
 cleanup() {
-	for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done
+	# INT stops `onceflow dev` cleanly; the script's own loops, background
+	# jobs of a non-interactive shell, ignore it and take TERM.
+	for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; kill -TERM "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
 	for v in old new; do
 		[ -d "$dir/$v/data" ] && as_pg "'$bindir/pg_ctl' -D '$dir/$v/data' -m fast stop >/dev/null" || true
