@@ -42,6 +42,7 @@ func Consume(ctx context.Context, cons jetstream.Consumer, size int, logger *slo
 	)
 	cc, err := cons.Consume(func(msg jetstream.Msg) { arrived <- msg },
 		jetstream.PullMaxMessages(size),
+		jetstream.PullExpiry(pullExpiry),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			mu.Lock()
 			lastErr = err
@@ -71,6 +72,13 @@ func Consume(ctx context.Context, cons jetstream.Consumer, size int, logger *slo
 	defer mu.Unlock()
 	return fmt.Errorf("consume ended: %w", cmp.Or(lastErr, errEnded))
 }
+
+// pullExpiry bounds how long a pull request waits at the broker before the
+// client renews it. A renewal that goes missing leaves the consumer idle
+// until the request expires (seen about once in a hundred runs of
+// TestBatchesHoldAtMostSize, which waited out jetstream's 30s default);
+// an idle consumer pays one pull request per expiry.
+const pullExpiry = 5 * time.Second
 
 // errEnded is why consuming that reported no error ended.
 var errEnded = errors.New("the subscription closed")
