@@ -2,6 +2,7 @@ package inventory_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -13,8 +14,10 @@ import (
 	"github.com/onceflow/onceflow/services/inventory"
 )
 
-// TestConformance runs the conformance kit against inventory's handler, in
-// each mode: a PaymentDebited makes one reservation of its order.
+// TestConformance runs the conformance kit against inventory's handlers, in
+// each mode: a PaymentDebited makes one reservation of its order; an
+// OrderExpired releases an order's reservation (RELEASED, its stock given
+// back), once.
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	migrations, err := db.Migrations(inventory.Name)
@@ -24,24 +27,54 @@ func TestConformance(t *testing.T) {
 		Migrations: migrations,
 		New: func(env conformance.Env) []conformance.Subscription {
 			s := inventory.New(env.Pool)
+			// debited is a PaymentDebited of a new order of a product with
+			// just enough in stock.
+			debited := func(t testing.TB, env conformance.Env) conformance.Event {
+				sku := "sku-" + uuid.NewString()
+				_, err := env.Pool.Exec(t.Context(), `INSERT INTO stock (sku, available) VALUES ($1, 2)`, sku)
+				require.NoError(t, err)
+				orderID := uuid.Must(uuid.NewV7())
+				ev, err := event.New("payment", event.PaymentDebited, orderID.String(), event.PaymentDebitedV1{
+					Order:       event.Order{OrderID: orderID, CustomerID: "alice"},
+					Lines:       event.Lines{{SKU: sku, Quantity: 2, UnitPriceCents: 125}},
+					AmountCents: 250,
+				})
+				require.NoError(t, err)
+				return ev
+			}
 			return []conformance.Subscription{{
 				Stream: streams.Payments, Durable: streams.InventoryPayments,
 				Handler: s.HandlePaymentDebited, BatchHandler: s.HandlePaymentDebitedBatch,
-				// A PaymentDebited of a new order of a product in stock.
+				NewEvent: debited,
+				Effect: conformance.Count(`SELECT count(*)::int FROM reservations WHERE order_id = $1::uuid`,
+					func(ev conformance.Event) any { return ev.Subject }),
+			}, {
+				Stream: streams.Orders, Durable: streams.InventoryExpiries,
+				Handler: s.HandleOrderExpired, BatchHandler: s.HandleOrderExpiredBatch,
+				// The OrderExpired of an order whose reservation holds its
+				// product's whole stock, committed.
 				NewEvent: func(t testing.TB, env conformance.Env) conformance.Event {
-					sku := "sku-" + uuid.NewString()
-					_, err := env.Pool.Exec(t.Context(), `INSERT INTO stock (sku, available) VALUES ($1, 100)`, sku)
+					ev := debited(t, env)
+					tx, err := env.Pool.Begin(t.Context())
 					require.NoError(t, err)
-					orderID := uuid.Must(uuid.NewV7())
-					ev, err := event.New("payment", event.PaymentDebited, orderID.String(), event.PaymentDebitedV1{
-						Order:       event.Order{OrderID: orderID, CustomerID: "alice"},
-						Lines:       event.Lines{{SKU: sku, Quantity: 2, UnitPriceCents: 125}},
-						AmountCents: 250,
+					require.NoError(t, s.HandlePaymentDebited(t.Context(), tx, ev))
+					require.NoError(t, tx.Commit(t.Context()))
+					var p event.PaymentDebitedV1
+					require.NoError(t, ev.Decode(&p))
+					expired, err := event.New("order", event.OrderExpired, ev.Subject, event.OrderExpiredV1{
+						Order: p.Order, Deadline: time.Now().UTC(), Status: "PAID", TotalCents: p.AmountCents,
 					})
 					require.NoError(t, err)
-					return ev
+					return expired
 				},
-				Effect: conformance.Count(`SELECT count(*)::int FROM reservations WHERE order_id = $1::uuid`,
+				// The releases of the order: none until its reservation is
+				// RELEASED, then as many as its quantity is back in stock,
+				// which the reservation emptied; stock given back twice
+				// counts 2.
+				Effect: conformance.Count(`
+					SELECT CASE r.status WHEN 'RELEASED' THEN s.available / l.quantity ELSE 0 END::int
+					FROM reservations r JOIN reservation_lines l USING (order_id) JOIN stock s USING (sku)
+					WHERE r.order_id = $1::uuid`,
 					func(ev conformance.Event) any { return ev.Subject }),
 			}}
 		},

@@ -2,6 +2,7 @@ package payment_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -15,7 +16,9 @@ import (
 
 // TestConformance runs the conformance kit against payment's handlers, in
 // each mode: an OrderPlaced debits (one payment per order), a
-// StockRejected refunds (the payment REFUNDED once).
+// StockRejected refunds (the payment REFUNDED once), an OrderExpired
+// refunds an order debited before (the payment REFUNDED and its amount
+// back in the wallet, once).
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	migrations, err := db.Migrations(payment.Name)
@@ -25,10 +28,11 @@ func TestConformance(t *testing.T) {
 		Migrations: migrations,
 		New: func(env conformance.Env) []conformance.Subscription {
 			s := payment.New(env.Pool)
-			// placed is an OrderPlaced of a new customer whose wallet covers it.
+			// placed is an OrderPlaced of a new customer whose wallet holds
+			// exactly its total.
 			placed := func(t testing.TB, env conformance.Env) conformance.Event {
 				customer := "c-" + uuid.NewString()
-				_, err := env.Pool.Exec(t.Context(), `INSERT INTO wallets (customer_id, balance_cents) VALUES ($1, 1000)`, customer)
+				_, err := env.Pool.Exec(t.Context(), `INSERT INTO wallets (customer_id, balance_cents) VALUES ($1, 300)`, customer)
 				require.NoError(t, err)
 				orderID := uuid.Must(uuid.NewV7())
 				ev, err := event.New("order", event.OrderPlaced, orderID.String(), event.OrderPlacedV1{
@@ -38,6 +42,19 @@ func TestConformance(t *testing.T) {
 				})
 				require.NoError(t, err)
 				return ev
+			}
+			// debited is an OrderPlaced, and its payload, that payment
+			// has handled, committed: the order debited, its customer's
+			// wallet empty.
+			debited := func(t testing.TB, env conformance.Env) (conformance.Event, event.OrderPlacedV1) {
+				ev := placed(t, env)
+				tx, err := env.Pool.Begin(t.Context())
+				require.NoError(t, err)
+				require.NoError(t, s.HandleOrderPlaced(t.Context(), tx, ev))
+				require.NoError(t, tx.Commit(t.Context()))
+				var p event.OrderPlacedV1
+				require.NoError(t, ev.Decode(&p))
+				return ev, p
 			}
 			return []conformance.Subscription{{
 				Stream: streams.Orders, Durable: streams.PaymentOrders,
@@ -49,18 +66,33 @@ func TestConformance(t *testing.T) {
 				Handler: s.HandleStockRejected, BatchHandler: s.HandleStockRejectedBatch,
 				// The StockRejected of an order debited before.
 				NewEvent: func(t testing.TB, env conformance.Env) conformance.Event {
-					ev := placed(t, env)
-					tx, err := env.Pool.Begin(t.Context())
-					require.NoError(t, err)
-					require.NoError(t, s.HandleOrderPlaced(t.Context(), tx, ev))
-					require.NoError(t, tx.Commit(t.Context()))
-					var p event.OrderPlacedV1
-					require.NoError(t, ev.Decode(&p))
+					ev, p := debited(t, env)
 					rejected, err := ev.Caused("inventory", event.StockRejected, event.StockRejectedV1{Order: p.Order, AmountCents: p.TotalCents, Reason: "out of apple"})
 					require.NoError(t, err)
 					return rejected
 				},
 				Effect: conformance.Count(`SELECT count(*)::int FROM payments WHERE order_id = $1::uuid AND status = 'REFUNDED'`, orderOf),
+			}, {
+				Stream: streams.Orders, Durable: streams.PaymentExpiries,
+				Handler: s.HandleOrderExpired, BatchHandler: s.HandleOrderExpiredBatch,
+				// The OrderExpired of an order debited before, PAID at its
+				// deadline.
+				NewEvent: func(t testing.TB, env conformance.Env) conformance.Event {
+					_, p := debited(t, env)
+					ev, err := event.New("order", event.OrderExpired, p.OrderID.String(), event.OrderExpiredV1{
+						Order: p.Order, Deadline: time.Now().UTC(), Status: "PAID", TotalCents: p.TotalCents,
+					})
+					require.NoError(t, err)
+					return ev
+				},
+				// The refunds of the order: none until its payment is
+				// REFUNDED, then as many as its amount is back in the
+				// wallet, which the debit emptied; a refund paid twice
+				// counts 2.
+				Effect: conformance.Count(`
+					SELECT CASE p.status WHEN 'REFUNDED' THEN w.balance_cents / p.amount_cents ELSE 0 END::int
+					FROM payments p JOIN wallets w USING (customer_id)
+					WHERE p.order_id = $1::uuid`, orderOf),
 			}}
 		},
 	})
