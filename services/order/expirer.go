@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/outbox"
+	"github.com/onceflow/onceflow/internal/panics"
 	"github.com/onceflow/onceflow/services/order/internal/dbsqlc"
 )
 
@@ -90,9 +91,16 @@ func (e *Expirer) Run(ctx context.Context) error {
 			return nil
 		case <-timer.C:
 		}
-		n, err := e.ExpireDue(ctx)
+		// A panic is the round's failure, not the service's: its
+		// transaction rolls back (ExpireDue's deferred Rollback) and the
+		// next round tries again, as the inbox does with a handler's.
+		var n int
+		err := panics.Recover(func() (err error) {
+			n, err = e.ExpireDue(ctx)
+			return err
+		})
 		if err != nil && ctx.Err() == nil {
-			e.logger.WarnContext(ctx, "expire due orders", "err", err)
+			e.logger.WarnContext(ctx, "expire due orders", "err", err, "stack", string(panics.Stack(err)))
 		}
 		wait := time.Duration(0)
 		if n < e.cfg.BatchSize {
