@@ -67,13 +67,7 @@ func ChooseContainers(ctx context.Context, images ...string) (ContainerChoice, e
 	if err := dockerHealth(ctx); err != nil {
 		return ContainerChoice{Reason: fmt.Sprintf("no Docker engine answers (%v)", err)}, nil
 	}
-	var missing []string
-	for _, image := range images {
-		if !imagePresent(ctx, image) {
-			missing = append(missing, image)
-		}
-	}
-	if len(missing) > 0 {
+	if missing := absentImages(ctx, images); len(missing) > 0 {
 		return ContainerChoice{Reason: fmt.Sprintf("a Docker engine answers but these images are not present locally: %s "+
 			"(TEST_CONTAINERS=on pulls them; make demo-images builds offline stand-ins)", strings.Join(missing, ", "))}, nil
 	}
@@ -97,22 +91,27 @@ func dockerHealth(ctx context.Context) (err error) {
 	return provider.Health(ctx) // also closes the provider
 }
 
-// imagePresent reports whether the engine holds image without pulling it.
-func imagePresent(ctx context.Context, image string) (present bool) {
+// absentImages lists the images the engine does not hold, asking it
+// through one client without pulling any; all of them when it cannot ask.
+func absentImages(ctx context.Context, images []string) (missing []string) {
 	defer func() {
 		if recover() != nil {
-			present = false
+			missing = images
 		}
 	}()
 	provider, err := testcontainers.NewDockerProvider()
 	if err != nil {
-		return false
+		return images
 	}
 	defer provider.Close()
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_, err = provider.Client().ImageInspect(ctx, image)
-	return err == nil
+	for _, image := range images {
+		if _, err := provider.Client().ImageInspect(ctx, image); err != nil {
+			missing = append(missing, image)
+		}
+	}
+	return missing
 }
 
 // OnLoopback publishes a container's ports (e.g. "5432/tcp") on 127.0.0.1
