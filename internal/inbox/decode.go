@@ -25,7 +25,7 @@ func (c *Consumer) decode(ctx context.Context, msg jetstream.Msg) (d *delivery, 
 		return d, fmt.Errorf("no JetStream metadata: %w", err)
 	}
 	if err := panics.Recover(func() error {
-		d.ev, err = event.FromMsg(msg.Headers(), msg.Data())
+		d.ev, err = c.fromMsg(msg.Headers(), msg.Data())
 		return err
 	}); err != nil {
 		if panics.Stack(err) != nil {

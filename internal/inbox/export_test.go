@@ -1,6 +1,10 @@
 package inbox
 
-import "github.com/onceflow/onceflow/internal/event"
+import (
+	"github.com/nats-io/nats.go"
+
+	"github.com/onceflow/onceflow/internal/event"
+)
 
 // SetSkipAck makes c skip the ack of a committed message for which skip
 // returns true, as a crash between commit and ack would. Call it before Run.
@@ -13,4 +17,10 @@ func (c *Consumer) SetSkipAck(skip func(event.Envelope) bool) {
 // that dies while processing it would. Call it before Run.
 func (c *Consumer) SetSkipSettle(skip func(event.Envelope) bool) {
 	c.skipSettle = func(ev event.Envelope, _ Outcome) bool { return skip(ev) }
+}
+
+// SetDecoder replaces how c reads a message's envelope (event.FromMsg), so
+// that a test can make the decoder panic. Call it before Run.
+func (c *Consumer) SetDecoder(fromMsg func(nats.Header, []byte) (event.Envelope, error)) {
+	c.fromMsg = fromMsg
 }

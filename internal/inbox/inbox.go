@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
@@ -186,6 +187,9 @@ type Consumer struct {
 	// returns true for a message about to be settled with an outcome, the
 	// message is left unsettled, as a crash before its settling would.
 	skipSettle func(event.Envelope, Outcome) bool
+	// fromMsg reads a message's envelope: event.FromMsg, replaced by a test
+	// (export_test.go) to make the decoder panic.
+	fromMsg func(nats.Header, []byte) (event.Envelope, error)
 }
 
 // New returns a Consumer of cfg.Durable that runs h for each event.
@@ -205,6 +209,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, h Handler, logg
 		handler: h,
 		logger:  logger.With("stream", cfg.Stream, "consumer", cfg.Durable),
 		queries: dbsqlc.New(),
+		fromMsg: event.FromMsg,
 	}
 }
 

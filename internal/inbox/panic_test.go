@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -71,6 +72,61 @@ func TestAPanickingHandlerFailsOnlyItsMessage(t *testing.T) {
 			require.Len(t, dlq, 1)
 			reason := requireDeadLetter(t, dlq[0], 2, maxDeliver)
 			require.Contains(t, reason, "panic: assignment to entry in nil map")
+			require.Equal(t, bad.ID.String(), dlq[0].Header.Get(event.HeaderID))
+
+			// Still consuming.
+			after := newEvent(t)
+			e.publish(t, after)
+			require.Eventually(t, func() bool { return e.effects(t, after.ID) == 1 }, waitFor, tick)
+			e.requireSettled(t)
+		})
+	}
+}
+
+// A decoder that panics fails its own message as a panicking handler does:
+// the panic is taken for a fault of the decoder's, not the message's, so
+// the message is retried with a backoff and dead-lettered with the panic as
+// its reason once its deliveries are spent, while its batch-mates are
+// processed and the consumer keeps running.
+func TestAPanickingDecoderFailsOnlyItsMessage(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		batched bool
+	}{
+		{name: "reference"},
+		{name: "batched", batched: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const maxDeliver = 3
+			e := setup(t, streams.Consumer{MaxDeliver: maxDeliver})
+			good1, bad, good2 := newEvent(t), newEvent(t), newEvent(t)
+			for _, ev := range []event.Envelope{good1, bad, good2} {
+				e.publish(t, ev)
+			}
+			c := e.consumer(inbox.Config{Batched: tc.batched, BatchSize: 10}, writeEffect)
+			c.SetDecoder(func(h nats.Header, data []byte) (event.Envelope, error) {
+				ev, err := event.FromMsg(h, data)
+				if err == nil && ev.ID == bad.ID {
+					var fields []string
+					_ = fields[len(data)] // the bug: an index out of range
+				}
+				return ev, err
+			})
+			run(t, c)
+
+			require.EventuallyWithT(t, func(c2 *assert.CollectT) {
+				assert.Equal(c2, inbox.Stats{Processed: 2, DeadLettered: 1, Retried: maxDeliver - 1}, c.Stats())
+			}, waitFor, tick)
+			for _, ev := range []event.Envelope{good1, good2} {
+				require.EqualValues(t, 1, e.effects(t, ev.ID), "a batch-mate's effect, once")
+			}
+			require.Zero(t, e.effects(t, bad.ID))
+			dlq := e.dlqMsgs(t)
+			require.Len(t, dlq, 1)
+			reason := requireDeadLetter(t, dlq[0], 2, maxDeliver)
+			require.Contains(t, reason, "panic: runtime error: index out of range")
 			require.Equal(t, bad.ID.String(), dlq[0].Header.Get(event.HeaderID))
 
 			// Still consuming.
