@@ -8,13 +8,13 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/outbox"
 	"github.com/onceflow/onceflow/internal/panics"
+	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/services/order/internal/dbsqlc"
 )
 
@@ -121,7 +121,9 @@ func (e *Expirer) untilNext(ctx context.Context) time.Duration {
 }
 
 // ExpireDue expires up to a batch of the orders due now, in one
-// transaction, and returns how many it expired.
+// transaction, and returns how many it expired. The batch's writes go in
+// one round trip (set-based statuses, outbox rows and timeline entries): a
+// restart past many deadlines expires them all within the second.
 func (e *Expirer) ExpireDue(ctx context.Context) (int, error) {
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {
@@ -133,10 +135,40 @@ func (e *Expirer) ExpireDue(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("claim due orders: %w", err)
 	}
+	if len(due) == 0 {
+		return 0, nil
+	}
+	var (
+		evs      []event.Envelope
+		statuses dbsqlc.SetOrderStatusesParams
+		timeline dbsqlc.InsertTimelinesParams
+	)
 	for _, o := range due {
-		if err := e.expire(ctx, tx, o); err != nil {
+		ev, err := expiredEvent(o)
+		if err != nil {
 			return 0, err
 		}
+		evs = append(evs, ev)
+		statuses.Ids = append(statuses.Ids, o.ID)
+		statuses.Statuses = append(statuses.Statuses, StatusExpired)
+		timeline.OrderIds = append(timeline.OrderIds, o.ID)
+		timeline.EventIds = append(timeline.EventIds, ev.ID)
+		timeline.EventTypes = append(timeline.EventTypes, string(ev.Type))
+		timeline.Ats = append(timeline.Ats, ev.Time)
+		timeline.Reasons = append(timeline.Reasons, ReasonDeadline)
+	}
+	var writes postgres.Pipeline
+	if err := e.queries.SetOrderStatuses(ctx, &writes, statuses); err != nil {
+		return 0, fmt.Errorf("expire %d orders: %w", len(due), err)
+	}
+	if err := outbox.QueueBatch(ctx, &writes, evs); err != nil {
+		return 0, err
+	}
+	if err := e.queries.InsertTimelines(ctx, &writes, timeline); err != nil {
+		return 0, fmt.Errorf("record %d expiries in the timelines: %w", len(due), err)
+	}
+	if err := writes.Send(ctx, tx); err != nil {
+		return 0, fmt.Errorf("expire %d orders: %w", len(due), err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("commit %d expiries: %w", len(due), err)
@@ -147,31 +179,15 @@ func (e *Expirer) ExpireDue(ctx context.Context) (int, error) {
 	return len(due), nil
 }
 
-// expire ends the locked order o: EXPIRED, its OrderExpired in the outbox
-// and in its timeline.
-func (e *Expirer) expire(ctx context.Context, tx pgx.Tx, o dbsqlc.Order) error {
+// expiredEvent is the OrderExpired of the locked, due order o.
+func expiredEvent(o dbsqlc.Order) (event.Envelope, error) {
 	if o.Deadline == nil {
-		return errors.New("an order without a deadline is never due")
+		return event.Envelope{}, errors.New("an order without a deadline is never due")
 	}
-	ev, err := event.New(Name, event.OrderExpired, o.ID.String(), event.OrderExpiredV1{
+	return event.New(Name, event.OrderExpired, o.ID.String(), event.OrderExpiredV1{
 		Order:      event.Order{OrderID: o.ID, CustomerID: o.CustomerID, CustomerEmail: o.CustomerEmail},
 		Deadline:   *o.Deadline,
 		Status:     o.Status,
 		TotalCents: o.TotalCents,
 	})
-	if err != nil {
-		return err
-	}
-	if err := e.queries.SetOrderStatus(ctx, tx, dbsqlc.SetOrderStatusParams{ID: o.ID, Status: StatusExpired}); err != nil {
-		return fmt.Errorf("expire order %s: %w", o.ID, err)
-	}
-	if err := outbox.Enqueue(ctx, tx, ev); err != nil {
-		return err
-	}
-	if _, err := e.queries.RecordTimeline(ctx, tx, dbsqlc.RecordTimelineParams{
-		OrderID: o.ID, EventID: ev.ID, EventType: string(ev.Type), At: ev.Time, Reason: ReasonDeadline, Late: "",
-	}); err != nil {
-		return fmt.Errorf("record %s of order %s: %w", ev.Type, o.ID, err)
-	}
-	return nil
 }
