@@ -102,9 +102,9 @@ type figures struct {
 }
 
 func (f figures) String() string {
-	return fmt.Sprintf("scenario=%s orders=%d (confirmed=%d rejected=%d cancelled=%d) duplicates_dropped=%d redeliveries=%d "+
+	return fmt.Sprintf("scenario=%s orders=%d (confirmed=%d rejected=%d cancelled=%d expired=%d) duplicates_dropped=%d redeliveries=%d "+
 		"faults=%d (%s) observed=(%s) dlq=%d violations=%d http_retries=%d http_replays=%d processed=%d inbox_rows=%d naks=%d load=%s quiet=%s elapsed=%s",
-		f.scenario, f.orders, f.outcomes["CONFIRMED"], f.outcomes["REJECTED"], f.outcomes["CANCELLED"],
+		f.scenario, f.orders, f.outcomes["CONFIRMED"], f.outcomes["REJECTED"], f.outcomes["CANCELLED"], f.outcomes["EXPIRED"],
 		f.duplicates, f.redeliveries, f.faults, f.faultKinds, f.observed, f.dlq, f.violations, f.httpRetries, f.replays,
 		f.processed, f.inboxRows, f.naks, f.load.Round(100*time.Millisecond), f.quiet.Round(100*time.Millisecond), f.elapsed.Round(100*time.Millisecond))
 }
@@ -230,16 +230,8 @@ func (sys *system) oracle(ctx context.Context, d *driver, e expect) (violations 
 	}); err != nil {
 		fail("read payments: %v", err)
 	}
-	reservations := map[uuid.UUID]string{}
-	if err := scanRows(ctx, sys, "inventory", `SELECT order_id, status FROM reservations`, func(scan func(...any) error) error {
-		var id uuid.UUID
-		var s string
-		if err := scan(&id, &s); err != nil {
-			return err
-		}
-		reservations[id] = s
-		return nil
-	}); err != nil {
+	reservations, err := sys.reservations(ctx)
+	if err != nil {
 		fail("read reservations: %v", err)
 	}
 	mails := map[uuid.UUID][]string{}
@@ -275,6 +267,14 @@ func (sys *system) oracle(ctx context.Context, d *driver, e expect) (violations 
 			milestone = "cancelled"
 			if p.status != "REFUNDED" || r != "REJECTED" {
 				fail("order %s is CANCELLED with payment %q and reservation %q", id, p.status, r)
+			}
+		case "EXPIRED":
+			// Whatever was done for it is undone: no money kept, no stock
+			// held (docs/saga.md).
+			milestone = "expired"
+			if !slices.Contains([]string{"", "EXPIRED", "REJECTED", "REFUNDED"}, p.status) ||
+				!slices.Contains([]string{"", "EXPIRED", "REJECTED", "RELEASED"}, r) {
+				fail("order %s is EXPIRED with payment %q and reservation %q", id, p.status, r)
 			}
 		default:
 			fail("order %s is %s, not settled", id, s)
@@ -336,7 +336,10 @@ func (sys *system) oracle(ctx context.Context, d *driver, e expect) (violations 
 	}); err != nil {
 		fail("read stock: %v", err)
 	}
-	if err := scanRows(ctx, sys, "inventory", `SELECT sku, sum(quantity)::bigint FROM reservation_lines GROUP BY sku`, func(scan func(...any) error) error {
+	// A released reservation keeps its lines as the record of what it held;
+	// its units are available again.
+	if err := scanRows(ctx, sys, "inventory", `SELECT l.sku, sum(l.quantity)::bigint FROM reservation_lines l
+		JOIN reservations r USING (order_id) WHERE r.status <> 'RELEASED' GROUP BY l.sku`, func(scan func(...any) error) error {
 		var sku string
 		var n int64
 		if err := scan(&sku, &n); err != nil {
@@ -385,6 +388,21 @@ func (sys *system) inboxViolations(ctx context.Context, exact bool) []string {
 		}
 	}
 	return violations
+}
+
+// reservations are inventory's decisions, by order.
+func (sys *system) reservations(ctx context.Context) (map[uuid.UUID]string, error) {
+	reservations := map[uuid.UUID]string{}
+	err := scanRows(ctx, sys, "inventory", `SELECT order_id, status FROM reservations`, func(scan func(...any) error) error {
+		var id uuid.UUID
+		var s string
+		if err := scan(&id, &s); err != nil {
+			return err
+		}
+		reservations[id] = s
+		return nil
+	})
+	return reservations, err
 }
 
 // scanRows runs query on kind's database and calls each for every row.

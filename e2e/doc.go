@@ -23,7 +23,7 @@
 //
 // Each scenario logs one figures line (go test -v shows it):
 //
-//	figures: scenario=TestCrash orders=484 (confirmed=354 rejected=100 cancelled=30) duplicates_dropped=94 redeliveries=161 faults=10 (kill_9:order=3 … self_kill_after_commit:payment=4) observed=() dlq=0 violations=0 …
+//	figures: scenario=TestCrash orders=484 (confirmed=354 rejected=100 cancelled=30 expired=0) duplicates_dropped=94 redeliveries=161 faults=10 (kill_9:order=3 … self_kill_after_commit:payment=4) observed=() dlq=0 violations=0 …
 //
 // duplicates_dropped sums onceflow_inbox_messages_total{outcome="duplicate"}
 // over the instances' /metrics (scraped every half second and before each

@@ -192,6 +192,36 @@ func (s *service) stop() error {
 	return err
 }
 
+// restartAfter stops the service gracefully (SIGTERM), runs down while no
+// incarnation runs, and starts it again. It returns when the new
+// incarnation answers /readyz, and that moment.
+func (s *service) restartAfter(ctx context.Context, down func(context.Context) error) (ready time.Time, err error) {
+	s.scrape(ctx)
+	s.mu.Lock()
+	s.stopping = true // the supervisor does not start the next incarnation
+	p := s.proc
+	s.mu.Unlock()
+	if p != nil {
+		if !p.stop(30 * time.Second) {
+			return time.Time{}, fmt.Errorf("%s did not stop within 30s of SIGTERM and was killed", s.name)
+		}
+		if p.err != nil {
+			return time.Time{}, fmt.Errorf("%s stopped with %v", s.name, p.err)
+		}
+	}
+	<-s.done
+	if err := down(ctx); err != nil {
+		return time.Time{}, err
+	}
+	s.mu.Lock()
+	s.stopping = false
+	s.mu.Unlock()
+	if err := s.start(ctx); err != nil {
+		return time.Time{}, err
+	}
+	return time.Now(), nil
+}
+
 // problems are the unexpected exits so far.
 func (s *service) problems() []string {
 	s.mu.Lock()
