@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -135,7 +136,11 @@ func printScaffolded(w io.Writer, name string, res scaffold.Result) {
 		}
 	}
 	if e := res.Emits; e != nil {
-		fmt.Fprintf(tw, "\nEmits:\n  %s on %s (stream %s), one per event consumed\n", e.Name, e.Subject, e.Stream.Name)
+		per := "one per event consumed"
+		if slices.ContainsFunc(res.Subscriptions, func(s scaffold.Subscription) bool { return s.Durable == name+"-expiries" }) {
+			per += " but OrderExpired (compensated, not carried forward)"
+		}
+		fmt.Fprintf(tw, "\nEmits:\n  %s on %s (stream %s), %s\n", e.Name, e.Subject, e.Stream.Name, per)
 	}
 	_ = tw.Flush()
 

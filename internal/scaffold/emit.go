@@ -51,8 +51,8 @@ func resolveEmitted(cat catalog, service, name string, consumed []Event) (*Emitt
 	if _, err := cat.lookup(name); err == nil {
 		return nil, fmt.Errorf("emitted event %s exists; a service emits events of its own", name)
 	}
-	if len(consumed) == 0 {
-		return nil, fmt.Errorf("emitted event %s: the generated handler emits it for each event consumed; name one with --consumes", name)
+	if !slices.ContainsFunc(consumed, func(e Event) bool { return e.Name != expiryEvent }) {
+		return nil, fmt.Errorf("emitted event %s: the generated handler emits it for each event consumed but %s, which it compensates; name one with --consumes", name, expiryEvent)
 	}
 	snake := snakeCase(name)
 	return &Emitted{

@@ -8,6 +8,7 @@ import (
 	"go/parser"
 	"go/token"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,7 +26,11 @@ var templates = sync.OnceValues(func() (*template.Template, error) {
 		"owner":        owner,
 		"lowerFirst":   lowerFirst,
 		"sample":       sample,
-		"durableConst": func(name string, e Event) string { return titleCase(name) + titleCase(e.Stream.Name) },
+		"durableConst": durableConst,
+		"expiry":       func(e Event) bool { return e.Name == expiryEvent },
+		"anyExpiry": func(es []Event) bool {
+			return slices.ContainsFunc(es, func(e Event) bool { return e.Name == expiryEvent })
+		},
 	}).ParseFS(templateFS, "templates/*.tmpl", "templates/*/*.tmpl")
 })
 
@@ -148,6 +153,8 @@ func sample(e Event) string {
 			fmt.Fprintf(&b, "%s: 300, ", f)
 		case f == "Reason":
 			b.WriteString(`Reason: "a test", `)
+		case f == "Deadline":
+			b.WriteString("Deadline: time.Now(), ")
 		}
 	}
 	return strings.TrimSuffix(b.String(), ", ") + "}"

@@ -268,18 +268,26 @@ func resolveEvents(cat catalog, names []string) ([]Event, error) {
 	return events, nil
 }
 
+// expiryEvent is the event that ends an order at its deadline: a
+// participant compensates what it did for the order (docs/saga.md).
+const expiryEvent = "OrderExpired"
+
 // subscriptions groups events by stream: one durable per stream, in the
-// order the events were given.
+// order the events were given, except OrderExpired, which gets a durable
+// of its own (NAME-expiries), as payment's and inventory's: a compensation
+// is not held up behind the forward events of a stalled durable, and may
+// overtake them (docs/saga.md, "A new participant").
 func subscriptions(name string, events []Event) []Subscription {
 	var subs []Subscription
 	for _, e := range events {
-		i := slices.IndexFunc(subs, func(s Subscription) bool { return s.Stream == e.Stream })
+		durable := durableOf(name, e)
+		i := slices.IndexFunc(subs, func(s Subscription) bool { return s.Durable == durable })
 		if i < 0 {
-			title := titleCase(e.Stream.Name)
+			title := strings.TrimPrefix(durableConst(name, e), titleCase(name))
 			subs = append(subs, Subscription{
 				Stream:       e.Stream,
-				Durable:      name + "-" + strings.ToLower(e.Stream.Name),
-				DurableConst: titleCase(name) + title,
+				Durable:      durable,
+				DurableConst: durableConst(name, e),
 				Handler:      "handle" + title + "Event",
 			})
 			i = len(subs) - 1
@@ -295,6 +303,23 @@ func subscriptions(name string, events []Event) []Subscription {
 		}
 	}
 	return subs
+}
+
+// durableOf is the durable of the service name that e is delivered on.
+func durableOf(name string, e Event) string {
+	if e.Name == expiryEvent {
+		return name + "-expiries"
+	}
+	return name + "-" + strings.ToLower(e.Stream.Name)
+}
+
+// durableConst is the constant of durableOf in package streams, e.g.
+// LoyaltyOrders.
+func durableConst(name string, e Event) string {
+	if e.Name == expiryEvent {
+		return titleCase(name) + "Expiries"
+	}
+	return titleCase(name) + titleCase(e.Stream.Name)
 }
 
 // titleCase turns ORDERS into Orders.
