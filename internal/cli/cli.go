@@ -125,6 +125,7 @@ func commands() []command {
 		},
 		command{name: "console", summary: "serve the operator's web console: orders as saga lanes, the pipeline's lag, the DLQ with replay, the audit", run: runConsole},
 		command{name: "dlq", usage: dlqUsage, summary: "list, show, replay or discard dead-lettered events", run: runDLQ},
+		command{name: "consumer", usage: consumerUsage, summary: "pause a durable of the saga during an incident (its orders expire at their deadlines), or resume it", run: runConsumer},
 		command{name: "mail", usage: "retry [--order ID] [--since RFC3339|DURATION]", summary: "send FAILED e-mails again, with their Message-IDs (once the mail server is fixed)", run: runMail},
 		command{name: "audit", usage: "[--wait D]", summary: "check the saga's invariants across the four databases and NATS; fail on any violation", run: runAudit},
 		command{name: "loadgen", usage: "[--rate N/s] [--duration D] [--concurrency N] [--json FILE] [--histogram FILE.svg|png] [--order-url URL] …", summary: "drive a running onceflow over HTTP and report orders/s and placed→confirmed latency", run: runLoadgen},

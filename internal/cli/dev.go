@@ -248,7 +248,7 @@ func printEnv(w io.Writer, e *dev.Env, cfg dev.Config) {
 		fmt.Fprintf(tw, "  nats %s\t%s\tkill -9 \"$(cat %s)\"\n", n.Name, n.URL, n.PIDFile)
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(w, "  NATS credentials: %s (this run's, one per identity; onceflow audit: NATS_CREDS=%s)\n",
+	fmt.Fprintf(w, "  NATS credentials: %s (this run's, one per identity; onceflow audit, dlq and consumer: NATS_CREDS=%s)\n",
 		filepath.Dir(e.NATSCreds[streams.Operator]), e.NATSCreds[streams.Operator])
 	switch {
 	case cfg.DatabaseURL != "":
