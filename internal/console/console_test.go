@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -51,10 +52,14 @@ type system struct {
 	js      jetstream.JetStream
 }
 
-func start(t *testing.T) *system {
+// start runs onceflow dev, its services given environ besides the
+// defaults, and the console.
+func start(t *testing.T, environ ...string) *system {
 	t.Helper()
 	ctx := t.Context()
-	e, err := dev.Start(ctx, onServer(t), testLogger(t))
+	devCfg := onServer(t)
+	devCfg.Environ = environ
+	e, err := dev.Start(ctx, devCfg, testLogger(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, e.Stop(context.Background())) })
 	_, err = dev.Seed(ctx, e)
@@ -96,11 +101,15 @@ func start(t *testing.T) *system {
 	return s
 }
 
+// systemSeq numbers the systems of this test binary.
+var systemSeq atomic.Int64
+
 // onServer runs dev's databases on the test environment's PostgreSQL.
 func onServer(t *testing.T) dev.Config {
 	t.Helper()
 	admin := testenv.NewDatabase(t, postgres.Schema{}).AdminURL()
-	prefix := fmt.Sprintf("console%d_", os.Getpid())
+	// Per system: the browser tests run in parallel.
+	prefix := fmt.Sprintf("console%d_%d_", os.Getpid(), systemSeq.Add(1))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -243,13 +252,7 @@ func TestConsoleInABrowser(t *testing.T) {
 
 	// An operator signs in with an admin token and goes on to the page
 	// they asked for: the order's lanes fill in while its saga runs.
-	admin, err := s.env.Token("ops", true)
-	require.NoError(t, err)
-	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Navigate(s.console+"/orders/"+id),
-		chromedp.WaitVisible(chromedp.CSS("#token")),
-		chromedp.SendKeys(chromedp.CSS("#token"), admin),
-		chromedp.Click(chromedp.CSS("#signin"))))
+	s.signIn(t, ctx, "/orders/"+id)
 	awaitText(t, ctx, "#order-status", "CONFIRMED")
 	awaitText(t, ctx, "#saga", "the saga is over")
 	hops, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#saga svg g.hop:not(.pending)").length`))
@@ -352,6 +355,19 @@ func (s *system) poison(t *testing.T) (entry uint64, order string) {
 	s.exec(t, "payment", `INSERT INTO payments SELECT * FROM payments_aside`)
 	s.exec(t, "payment", `DROP TABLE payments_aside`)
 	return entry, order
+}
+
+// signIn goes to path as an operator with an admin token: through the
+// sign-in page, on to path.
+func (s *system) signIn(t *testing.T, ctx context.Context, path string) {
+	t.Helper()
+	admin, err := s.env.Token("ops", true)
+	require.NoError(t, err)
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(s.console+path),
+		chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), admin),
+		chromedp.Click(chromedp.CSS("#signin"))))
 }
 
 // requireSignInPage navigates to path and requires the sign-in page

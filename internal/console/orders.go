@@ -139,6 +139,10 @@ type hop struct {
 	Reason    string
 	// Kind is "compensation" (a refund, a cancellation), "rejection" or "".
 	Kind string
+	// Late is the fate of a reply that reached the order service after
+	// the order was terminal (docs/saga.md): "refunded", "released" or
+	// "unchanged"; empty for every other hop.
+	Late string
 }
 
 // Latency is the hop's: from the event's time to its processing.
@@ -159,10 +163,16 @@ func (s *Server) hops(c echo.Context, timeline []orderdb.OrderTimelineRow) ([]ho
 			if !slices.Contains(cons.FilterSubjects, subject) {
 				continue
 			}
-			out = append(out, hop{
+			h := hop{
 				EventID: ev.EventID, Type: typ, From: owner(typ), To: serviceOf(cons.Durable), Durable: cons.Durable,
 				At: ev.At, Pending: true, Reason: ev.Reason, Kind: kindOf(typ),
-			})
+			}
+			// The fate is the order service's verdict on the reply's
+			// arrival there, not on its other consumers'.
+			if h.To == "order" {
+				h.Late = ev.Late
+			}
+			out = append(out, h)
 			byDurable[cons.Durable] = append(byDurable[cons.Durable], ev.EventID)
 		}
 	}

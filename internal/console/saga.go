@@ -31,6 +31,7 @@ type sagaArrow struct {
 	Label             string // the event and its time
 	Latency           string // the hop's, at the arrow's head
 	Class             string // "", "compensation", "rejection", "pending"
+	Late              string // the fate of a late reply, or ""
 	Title             string // the tooltip
 }
 
@@ -46,6 +47,7 @@ func drawSaga(hops []hop) sagaPicture {
 			X1: laneX(h.From), X2: laneX(h.To), Y: sagaTop + rowHeight*(i+1),
 			Label: fmt.Sprintf("%s  %s", shortType(string(h.Type)), h.At.UTC().Format("15:04:05.000")),
 			Class: h.Kind,
+			Late:  h.Late,
 			Title: fmt.Sprintf("%s %s → %s", h.Type, h.EventID, h.Durable),
 		}
 		a.LabelX = min(a.X1, a.X2) + 8
@@ -57,6 +59,9 @@ func drawSaga(hops []hop) sagaPicture {
 		}
 		if h.Reason != "" {
 			a.Title += ": " + h.Reason
+		}
+		if h.Late != "" {
+			a.Title += " (late: the order was over; " + h.Late + ")"
 		}
 		p.Arrows = append(p.Arrows, a)
 	}

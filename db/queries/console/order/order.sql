@@ -25,8 +25,9 @@ WHERE order_id = @order_id
 ORDER BY line_no;
 
 -- name: OrderTimeline :many
--- The order's events, its own and those it consumed, with their own times.
-SELECT event_id, event_type, at, reason
+-- The order's events, its own and those it consumed, with their own times,
+-- and a reply's fate when it came after the order was terminal.
+SELECT event_id, event_type, at, reason, late
 FROM order_timeline
 WHERE order_id = @order_id
 ORDER BY at, event_id;

@@ -141,7 +141,7 @@ func (q *Queries) OrderLines(ctx context.Context, db DBTX, orderID uuid.UUID) ([
 }
 
 const orderTimeline = `-- name: OrderTimeline :many
-SELECT event_id, event_type, at, reason
+SELECT event_id, event_type, at, reason, late
 FROM order_timeline
 WHERE order_id = $1
 ORDER BY at, event_id
@@ -152,9 +152,11 @@ type OrderTimelineRow struct {
 	EventType string
 	At        time.Time
 	Reason    string
+	Late      string
 }
 
-// The order's events, its own and those it consumed, with their own times.
+// The order's events, its own and those it consumed, with their own times,
+// and a reply's fate when it came after the order was terminal.
 func (q *Queries) OrderTimeline(ctx context.Context, db DBTX, orderID uuid.UUID) ([]OrderTimelineRow, error) {
 	rows, err := db.Query(ctx, orderTimeline, orderID)
 	if err != nil {
@@ -169,6 +171,7 @@ func (q *Queries) OrderTimeline(ctx context.Context, db DBTX, orderID uuid.UUID)
 			&i.EventType,
 			&i.At,
 			&i.Reason,
+			&i.Late,
 		); err != nil {
 			return nil, err
 		}
