@@ -13,6 +13,10 @@
 # DURATION   how long each run places orders (default 40s)
 # ROUNDS     pairs of runs (default 2)
 # DEVFLAGS   extra flags of `onceflow dev`, e.g. --durable
+#
+# A run that fails (dev never ready, loadgen exiting non-zero or printing
+# no result) prints FAILED with the tail of its output, the other runs go
+# on, and the script exits 1 at the end.
 set -euo pipefail
 # onceflow dev's issuer gives loadgen an operator's token (to seed) for
 # this secret; both read it from the environment.
@@ -23,10 +27,12 @@ rate=${RATE:-0}
 duration=${DURATION:-40s}
 rounds=${ROUNDS:-2}
 
+failed=0
 run() {
-	local bin=$1 dev
+	local bin=$1 dev log
+	log=$(mktemp)
 	# shellcheck disable=SC2086 # DEVFLAGS is a list of flags
-	LOG_LEVEL=warn "$bin" dev --http-port 18080 --nats-port 14222 --pg-port 15432 ${DEVFLAGS:-} >/dev/null 2>&1 &
+	LOG_LEVEL=warn "$bin" dev --http-port 18080 --nats-port 14222 --pg-port 15432 ${DEVFLAGS:-} >"$log.dev" 2>&1 &
 	dev=$!
 	for _ in $(seq 240); do
 		"$bin" healthcheck http://127.0.0.1:18083/readyz >/dev/null 2>&1 && break
@@ -37,11 +43,20 @@ run() {
 	if "$bin" loadgen -h 2>&1 | grep -q -- -issuer-url; then
 		issuer=(--issuer-url http://127.0.0.1:18084)
 	fi
+	local status=0
 	"$bin" loadgen --rate "$rate" --duration "$duration" --customers 200 --skus 200 \
-		--order-url http://127.0.0.1:18080 --payment-url http://127.0.0.1:18081 --inventory-url http://127.0.0.1:18082 "${issuer[@]}" 2>/dev/null |
-		grep -E '^  (finished|placed→confirmed)' || true
-	kill -INT "$dev"
+		--order-url http://127.0.0.1:18080 --payment-url http://127.0.0.1:18081 --inventory-url http://127.0.0.1:18082 "${issuer[@]}" >"$log" 2>&1 || status=$?
+	if [ "$status" = 0 ] && grep -q '^  finished' "$log"; then
+		grep -E '^  (finished|placed→confirmed)' "$log"
+	else
+		failed=1
+		echo "  FAILED: loadgen exited $status; its last lines, then dev's:"
+		tail -5 "$log" | sed 's/^/    /'
+		tail -5 "$log.dev" | sed 's/^/    /'
+	fi
+	kill -INT "$dev" 2>/dev/null || true
 	wait "$dev" || true
+	rm -f "$log" "$log.dev"
 }
 
 old=$1 new=$2
@@ -51,3 +66,7 @@ for round in $(seq "$rounds"); do
 	echo "== round $round, B: $new"
 	run "$new"
 done
+if [ "$failed" = 1 ]; then
+	echo "ab: a run failed (FAILED above); its figures are missing" >&2
+	exit 1
+fi
