@@ -6,11 +6,15 @@
 // DELETE per row, its WAL and its dead tuples.
 //
 // Each step is one statement (partition_create, partition_drop in
-// db/migrations/platform/00008) that waits for its locks at most
+// db/migrations/platform/00011) that waits for its locks at most
 // Config.LockTimeout and is retried when it runs out, so a long
 // transaction delays the maintenance, never the service's writers behind
-// it: dropping a partition holds its table's ACCESS EXCLUSIVE lock only
-// for the drop. An outbox partition is dropped only when every row in it
+// it. A partition is made with its indexes before the locks writers wait
+// behind are taken; dropping one holds its table's ACCESS EXCLUSIVE lock
+// only to detach it, and the detached table is dropped afterwards, so
+// that the drop's WAL flush at commit keeps no writer waiting. Both steps
+// commit without waiting for their own flush: a step lost in a crash is
+// done again. An outbox partition is dropped only when every row in it
 // is sent and was sent longer than the re-drive window ago, checked under
 // that lock. Rows that arrive before their partition exists (a new
 // database, a maintenance that fell behind) wait in the table's DEFAULT

@@ -16,7 +16,11 @@ import (
 )
 
 const (
-	defaultLockTimeout = 50 * time.Millisecond
+	// Writers that come while a step waits for its lock queue behind it:
+	// they wait as long as the step waits, and then as long as it holds
+	// the lock. 20ms of waiting and a few of holding keep them well under
+	// 100ms (bench/soak.sh, with 50ms: writers waited up to 66ms).
+	defaultLockTimeout = 20 * time.Millisecond
 	defaultAttempts    = 20
 	// The maintenance runs at least this often, and at most once a second.
 	maxEvery = time.Minute
@@ -57,7 +61,7 @@ type Config struct {
 	// Every is the pause between two rounds of maintenance (default half
 	// the shortest Interval, within a second and a minute).
 	Every time.Duration
-	// LockTimeout bounds each step's wait for its locks (default 50ms);
+	// LockTimeout bounds each step's wait for its locks (default 20ms);
 	// a step that runs out is tried again, Attempts times in all (default
 	// 20), and then at the next round.
 	LockTimeout time.Duration
@@ -154,9 +158,17 @@ func (m *Maintainer) Run(ctx context.Context) error {
 }
 
 // Maintain runs one round on t: it adds the partitions missing up to two
-// intervals past Accepts and drops those past t.Retention.
+// intervals past Accepts and drops those past t.Retention: detaches them,
+// which holds the table's lock for a catalog change, and then drops them
+// in a transaction of their own, whose commit waits for a WAL flush under
+// no lock the table's writers take.
 func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
 	var res Result
+	// Those a process that stopped left detached first: a leftover holds
+	// the name of the partition its range would be made in again.
+	if err := m.dropDetached(ctx, t); err != nil {
+		return res, err
+	}
 	parts, err := m.queries.Partitions(ctx, m.pool, t.Name)
 	if err != nil {
 		return res, fmt.Errorf("list partitions of %s: %w", t.Name, err)
@@ -189,6 +201,11 @@ func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
 			res.Kept++
 		}
 	}
+	if res.Dropped > 0 {
+		if err := m.dropDetached(ctx, t); err != nil {
+			return res, err
+		}
+	}
 	res.Partitions = len(parts) + res.Created - res.Dropped
 	m.cfg.Observer.Partitions(t.Name, res.Partitions)
 	return res, nil
@@ -202,6 +219,18 @@ func (m *Maintainer) drop(ctx context.Context, t Table, part, lockTimeout string
 		Parent: t.Name, Part: part, LockTimeout: lockTimeout,
 		Retention: pgtype.Interval{Microseconds: t.Retention.Microseconds(), Valid: true},
 	})
+}
+
+// dropDetached drops the partitions of t that drops detached, under no
+// lock that the table's writers take.
+func (m *Maintainer) dropDetached(ctx context.Context, t Table) error {
+	start := time.Now()
+	_, err := m.queries.DropDetached(ctx, m.pool, t.Name)
+	m.cfg.Observer.Step(t.Name, "drop_detached", time.Since(start), err)
+	if err != nil {
+		return fmt.Errorf("drop detached partitions of %s: %w", t.Name, err)
+	}
+	return nil
 }
 
 // step runs one create or drop, again while it runs out of lock_timeout,

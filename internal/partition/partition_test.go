@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/inbox"
@@ -206,4 +207,32 @@ func TestAPartitionOfThePresentIsMadeUnderNoWriter(t *testing.T) {
 	require.NoError(t, <-second)
 	require.Zero(t, e.count(t, `SELECT count(*) FROM outbox_default`))
 	require.Equal(t, 2, e.count(t, `SELECT count(*) FROM outbox`))
+}
+
+// A drop detaches the partition under the table's lock and drops it in a
+// transaction of its own; a partition left detached in between (a process
+// that stopped) goes at the next round, and a table that only shares the
+// prefix of the partitions' names stays.
+func TestAPartitionLeftDetachedGoesAtTheNextRound(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	now := time.Now()
+	m, in, _ := e.maintainer(time.Hour, time.Hour, func() time.Time { return now })
+	_, err := m.Maintain(t.Context(), in)
+	require.NoError(t, err)
+
+	var part string
+	require.NoError(t, e.db.Pool.QueryRow(t.Context(),
+		`SELECT name FROM partitions_of('processed_events') WHERE NOT is_default ORDER BY lo LIMIT 1`).Scan(&part))
+	_, err = e.db.Pool.Exec(t.Context(), `ALTER TABLE processed_events DETACH PARTITION `+pgx.Identifier{part}.Sanitize())
+	require.NoError(t, err)
+	_, err = e.db.Pool.Exec(t.Context(), `CREATE TABLE processed_events_notes (note text)`)
+	require.NoError(t, err)
+	require.True(t, e.exists(t, part))
+
+	res, err := m.Maintain(t.Context(), in)
+	require.NoError(t, err)
+	require.Zero(t, res.Dropped, "nothing is past the retention")
+	require.False(t, e.exists(t, part), "detached partition %s kept", part)
+	require.True(t, e.exists(t, "processed_events_notes"))
 }

@@ -19,12 +19,19 @@ ORDER BY 3 NULLS LAST;
 SELECT partition_create(@parent::text, @key::text, @lo::timestamptz, @hi::timestamptz, @lock_timeout::text, @exclusive::boolean) AS created;
 
 -- name: DropPartition :one
--- Drops @part, a partition of @parent (partition_drop in 00008).
+-- Detaches @part, a partition of @parent (partition_drop in 00011);
+-- DropDetached drops it.
 SELECT partition_drop(@parent::text, @part::text, @lock_timeout::text, NULL) AS dropped;
 
 -- name: DropSentPartition :one
--- Drops @part, a partition of the outbox, unless it holds a row unsent or
+-- Detaches @part, a partition of the outbox, unless it holds a row unsent or
 -- sent less than @retention ago, on the database clock, the clock that
 -- wrote sent_at, so that a skewed application clock cannot shorten the
 -- re-drive window. False: it was kept.
 SELECT partition_drop(@parent::text, @part::text, @lock_timeout::text, now() - @retention::interval) AS dropped;
+
+-- name: DropDetached :one
+-- Drops the tables DropPartition and DropSentPartition detached from
+-- @parent, each in this statement's transaction, which holds no lock that
+-- the table's writers take (partition_drop_detached in 00011).
+SELECT partition_drop_detached(@parent::text)::integer AS dropped;

@@ -44,6 +44,20 @@ func (q *Queries) CreatePartition(ctx context.Context, db DBTX, arg CreatePartit
 	return created, err
 }
 
+const dropDetached = `-- name: DropDetached :one
+SELECT partition_drop_detached($1::text)::integer AS dropped
+`
+
+// Drops the tables DropPartition and DropSentPartition detached from
+// @parent, each in this statement's transaction, which holds no lock that
+// the table's writers take (partition_drop_detached in 00011).
+func (q *Queries) DropDetached(ctx context.Context, db DBTX, parent string) (int32, error) {
+	row := db.QueryRow(ctx, dropDetached, parent)
+	var dropped int32
+	err := row.Scan(&dropped)
+	return dropped, err
+}
+
 const dropPartition = `-- name: DropPartition :one
 SELECT partition_drop($1::text, $2::text, $3::text, NULL) AS dropped
 `
@@ -54,7 +68,8 @@ type DropPartitionParams struct {
 	LockTimeout string
 }
 
-// Drops @part, a partition of @parent (partition_drop in 00008).
+// Detaches @part, a partition of @parent (partition_drop in 00011);
+// DropDetached drops it.
 func (q *Queries) DropPartition(ctx context.Context, db DBTX, arg DropPartitionParams) (bool, error) {
 	row := db.QueryRow(ctx, dropPartition, arg.Parent, arg.Part, arg.LockTimeout)
 	var dropped bool
@@ -73,7 +88,7 @@ type DropSentPartitionParams struct {
 	Retention   pgtype.Interval
 }
 
-// Drops @part, a partition of the outbox, unless it holds a row unsent or
+// Detaches @part, a partition of the outbox, unless it holds a row unsent or
 // sent less than @retention ago, on the database clock, the clock that
 // wrote sent_at, so that a skewed application clock cannot shorten the
 // re-drive window. False: it was kept.
