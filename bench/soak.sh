@@ -9,11 +9,19 @@
 # (orders confirmed), placed→confirmed p50/p99 (orders.created_at to the
 # confirming update, the order service's clock), the inbox and outbox
 # tables' total size (heap, indexes, TOAST, every partition, all four
-# databases), their dead tuples, WAL bytes per order placed, and the
-# cleanup's longest statement (the most a cleanup held its locks, or kept
-# writers waiting for one: pg_stat_statements' max_exec_time of the
-# DELETEs, or of partition_create/partition_drop). Then it prints both
-# tables and draws size and p99 over the run (bench/soak/main.go).
+# databases), the dead tuples of each (n_dead_tup, summed over the tables
+# or partitions alive at the sample), WAL bytes per order placed, the
+# cleanup's longest statement (pg_stat_statements' max_exec_time of the
+# DELETEs, or of partition_create/partition_drop, their lock waits
+# included), the longest a partition step held its lock (the server log:
+# partition_create/partition_drop log it), the longest any other session
+# waited for a lock on a table (log_lock_waits with a 10 ms
+# deadlock_timeout: a writer kept waiting behind the cleanup), and the
+# machine's load average. At the end it breaks down the WAL of the second
+# half of the run by record type (pg_waldump --stats=record) into OUT,
+# and keeps the servers' logs there (pg-old.log.gz, pg-new.log.gz). Then it
+# prints both tables and draws size and p99 over the run
+# (bench/soak/main.go).
 #
 #   bench/soak.sh
 #   RATE=100/s DURATION=15m bench/soak.sh
@@ -40,6 +48,11 @@ old=${OLD:-$(git log --format=%H -1 --diff-filter=A -- db/migrations/platform/00
 bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
 [ -x "$bindir/initdb" ] || { echo "no PostgreSQL server binaries under /usr/lib/postgresql" >&2; exit 1; }
 
+# onceflow dev's issuer gives loadgen an operator's token (to seed) for
+# this secret; both read it from the environment.
+ISSUER_OPERATOR_SECRET=${ISSUER_OPERATOR_SECRET:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
+export ISSUER_OPERATOR_SECRET
+
 # The compressed settings, the same for both variants.
 export INBOX_RETENTION=3m OUTBOX_RETENTION=2m STREAM_DUPLICATE_WINDOW=1m
 export INBOX_PARTITION_INTERVAL=10s OUTBOX_PARTITION_INTERVAL=10s INBOX_MAX_SKEW=20s
@@ -56,6 +69,7 @@ cleanup() {
 	for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; kill -TERM "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
 	for v in old new; do
+		[ -f "$dir/$v/pg.log" ] && gzip -c "$dir/$v/pg.log" >"$out/pg-$v.log.gz"
 		[ -d "$dir/$v/data" ] && as_pg "'$bindir/pg_ctl' -D '$dir/$v/data' -m fast stop >/dev/null" || true
 	done
 	rm -rf "$dir"
@@ -72,7 +86,7 @@ variant() {
 	local v=$1 bin=$2 port=$3 http=$4 nats=$5
 	mkdir -p "$dir/$v" && [ "$(id -u)" = 0 ] && chown postgres "$dir/$v"
 	as_pg "'$bindir/initdb' -D '$dir/$v/data' -U postgres -A trust >/dev/null"
-	as_pg "'$bindir/pg_ctl' -D '$dir/$v/data' -l '$dir/$v/pg.log' -w -o \"-p $port -k '$dir/$v' -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_preload_libraries=pg_stat_statements\" start >/dev/null"
+	as_pg "'$bindir/pg_ctl' -D '$dir/$v/data' -l '$dir/$v/pg.log' -w -o \"-p $port -k '$dir/$v' -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_preload_libraries=pg_stat_statements -c log_lock_waits=on -c deadlock_timeout=10ms -c wal_keep_size=16GB\" start >/dev/null"
 	psql -h 127.0.0.1 -p "$port" -U postgres -qAt -c "CREATE EXTENSION pg_stat_statements"
 	DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres" LOG_LEVEL=warn \
 		"$bin" dev --durable --http-port "$http" --nats-port "$nats" --console-port -1 >"$dir/$v/dev.log" 2>&1 &
@@ -87,6 +101,8 @@ variant() {
 variant old "$dir/onceflow-old" 15441 18180 14241
 variant new "$dir/onceflow-new" 15442 18280 14242
 
+declare -A lsn_half
+port_of() { if [ "$1" = old ]; then echo 15441; else echo 15442; fi; }
 dbs="onceflow_order onceflow_payment onceflow_inventory onceflow_notify"
 q() { psql -h 127.0.0.1 -p "$1" -U postgres -d "$2" -qAt -F, -c "$3"; }
 
@@ -109,9 +125,20 @@ old_inbox_cleaner() {
 old_inbox_cleaner >/dev/null 2>&1 &
 pids+=($!)
 
-# sample PORT: one CSV line of the last SAMPLE seconds.
+# logmax VARIANT REGEXP: the largest "N ms" of the lines of the variant's
+# server log that match REGEXP, among those written since the last call.
+logmax() {
+	local log=$dir/$1/pg.log off=0 end
+	[ -f "$dir/$1/$2.off" ] && off=$(cat "$dir/$1/$2.off")
+	end=$(stat -c %s "$log")
+	echo "$end" >"$dir/$1/$2.off"
+	tail -c +$((off + 1)) "$log" | head -c $((end - off)) | grep -E "$3" |
+		sed -nE 's/.* ([0-9]+(\.[0-9]+)?) ms.*/\1/p' | sort -g | tail -1 | awk '{ printf "%d", $1 + 0.5 } END { if (NR == 0) printf "0" }'
+}
+
+# sample VARIANT PORT: one CSV line of the last SAMPLE seconds.
 sample() {
-	local port=$1 placed=0 confirmed=0 size=0 dead=0 lock=0 lat
+	local v=$1 port=$2 placed=0 size=0 dead_in=0 dead_out=0 lock=0 lat
 	lat=$(q "$port" onceflow_order "SELECT count(*),
 		coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at) * 1000), 0)::int,
 		coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at) * 1000), 0)::int
@@ -122,29 +149,38 @@ sample() {
 		# old release, the partitions of the new.
 		size=$((size + $(q "$port" "$d" "SELECT coalesce(sum(pg_total_relation_size(oid)), 0) FROM pg_class
 			WHERE relkind = 'r' AND relname ~ '^(processed_events|outbox)(_|$)'")))
-		dead=$((dead + $(q "$port" "$d" "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE relname ~ '^(processed_events|outbox)(_|$)'")))
+		dead_in=$((dead_in + $(q "$port" "$d" "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE relname ~ '^processed_events(_|$)'")))
+		dead_out=$((dead_out + $(q "$port" "$d" "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE relname ~ '^outbox(_|$)'")))
 	done
 	lock=$(q "$port" postgres "SELECT coalesce(max(max_exec_time), 0)::int FROM pg_stat_statements
 		WHERE query ~ 'DELETE FROM (outbox|processed_events)|partition_(create|drop)\('")
 	q "$port" postgres "SELECT pg_stat_statements_reset(0, 0, queryid) FROM pg_stat_statements
 		WHERE query ~ 'DELETE FROM (outbox|processed_events)|partition_(create|drop)\('" >/dev/null
-	local wal
+	local wal held waited
 	wal=$(q "$port" postgres "SELECT pg_current_wal_lsn() - '0/0'")
-	echo "$lat,$placed,$size,$dead,$lock,$wal"
+	held=$(logmax "$v" held 'partition_(create|drop) .* held')
+	# Lock modes that the services' statements take, on tables (a wait
+	# for a row, "on transaction", is another writer's, not the cleanup's).
+	waited=$(logmax "$v" waited 'acquired (AccessShare|RowShare|RowExclusive)Lock on relation')
+	echo "$lat,$placed,$size,$dead_in,$dead_out,$lock,$held,$waited,$wal,$(cut -d' ' -f1 /proc/loadavg)"
 }
 
-for v in old new; do echo "t_s,confirmed,p50_ms,p99_ms,placed,size_bytes,dead_tuples,cleanup_max_ms,wal_lsn" >"$out/$v.csv"; done
+for v in old new; do
+	echo "t_s,confirmed,p50_ms,p99_ms,placed,size_bytes,dead_inbox,dead_outbox,cleanup_max_ms,held_max_ms,writer_wait_max_ms,wal_lsn,load1" >"$out/$v.csv"
+done
 sampler() {
 	local start=$SECONDS
 	while :; do
 		sleep "$sample"
 		local t=$((SECONDS - start))
-		echo "$t,$(sample 15441)" >>"$out/old.csv"
-		echo "$t,$(sample 15442)" >>"$out/new.csv"
+		echo "$t,$(sample old 15441)" >>"$out/old.csv"
+		echo "$t,$(sample new 15442)" >>"$out/new.csv"
+		[ -f "$dir/stop" ] && return
 	done
 }
 sampler &
-pids+=($!)
+sampler_pid=$!
+pids+=($sampler_pid)
 
 loadgen() {
 	local v=$1 http=$2
@@ -153,10 +189,31 @@ loadgen() {
 		--inventory-url "http://127.0.0.1:$((http + 2))" --issuer-url "http://127.0.0.1:$((http + 4))" \
 		>"$out/loadgen-$v.txt" 2>&1
 }
+uptime | tee "$out/uptime.txt"
 loadgen old 18180 &
 lg_old=$!
 loadgen new 18280 &
 lg_new=$!
-wait "$lg_old" "$lg_new" || true
-sleep "$sample"
+# Half the duration (of the forms 15m, 900s): the WAL is broken down from
+# there on, when retention has long been reached.
+case $duration in *m) half=$((${duration%m} * 30)) ;; *s) half=$((${duration%s} / 2)) ;; *) half=60 ;; esac
+sleep "$half"
+uptime | tee -a "$out/uptime.txt"
+for v in old new; do lsn_half[$v]=$(q "$(port_of $v)" postgres "SELECT pg_current_wal_lsn()"); done
+failed=0
+wait "$lg_old" || failed=1
+wait "$lg_new" || failed=1
+if [ "$failed" = 1 ]; then
+	for v in old new; do echo "== loadgen $v:" >&2; tail -5 "$out/loadgen-$v.txt" >&2; done
+	echo "soak: a loadgen failed, the samples are not worth judging" >&2
+	exit 1
+fi
+uptime | tee -a "$out/uptime.txt"
+for v in old new; do
+	lsn=$(q "$(port_of $v)" postgres "SELECT pg_current_wal_lsn()")
+	"$bindir/pg_waldump" --stats=record -p "$dir/$v/data/pg_wal" -s "${lsn_half[$v]}" -e "$lsn" >"$out/waldump-$v.txt" 2>&1 || true
+done
+# One more sample, of the in-flight orders' end, and the sampler stops.
+touch "$dir/stop"
+wait "$sampler_pid" || true
 go run ./bench/soak -old "$out/old.csv" -new "$out/new.csv" -sample "$sample" -svg "$out/soak.svg"
