@@ -90,6 +90,11 @@ DECLARE
     locked timestamptz;
     keeps text := 'SELECT EXISTS (SELECT 1 FROM %1$I WHERE sent_at IS NULL) OR EXISTS (SELECT 1 FROM %1$I WHERE sent_at >= %2$L)';
 BEGIN
+    -- Another maintainer of the database (a second replica of the
+    -- service) may have detached it, or dropped it, since it was listed.
+    IF to_regclass(part) IS NULL THEN
+        RETURN false;
+    END IF;
     IF unsent_or_sent_since IS NOT NULL THEN
         EXECUTE format(keeps, part, unsent_or_sent_since) INTO kept;
         IF kept THEN
@@ -100,6 +105,9 @@ BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     EXECUTE format('LOCK TABLE ONLY %I IN ACCESS EXCLUSIVE MODE', parent);
     locked := clock_timestamp();
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits WHERE inhrelid = to_regclass(part) AND inhparent = parent::regclass) THEN
+        RETURN false;
+    END IF;
     -- Again under the lock: a redrive may have marked rows unsent since.
     IF unsent_or_sent_since IS NOT NULL THEN
         EXECUTE format(keeps, part, unsent_or_sent_since) INTO kept;
@@ -131,7 +139,8 @@ BEGIN
           AND c.relnamespace = (SELECT relnamespace FROM pg_catalog.pg_class WHERE oid = parent::regclass)
           AND c.relname ~ ('^' || parent || '_(p[0-9]{8}_[0-9]{6}|legacy)$')
     LOOP
-        EXECUTE format('DROP TABLE %I', part);
+        -- IF EXISTS: another maintainer may be dropping it too.
+        EXECUTE format('DROP TABLE IF EXISTS %I', part);
         dropped := dropped + 1;
     END LOOP;
     RETURN dropped;
