@@ -24,9 +24,12 @@
 # (bench/soak/main.go).
 #
 #   bench/soak.sh
-#   RATE=100/s DURATION=15m bench/soak.sh
+#   RATE=50/s DURATION=15m bench/soak.sh
 #
-# RATE        loadgen's rate, per variant (default 20/s)
+# RATE        loadgen's rate, per variant (default 50/s: at 20/s a 10 s
+#             partition holds 200 orders, so few that making and dropping
+#             it costs as much WAL per order as deleting them; 100/s per
+#             variant saturated a 2-core machine)
 # DURATION    how long loadgen places orders (default 15m)
 # SAMPLE      seconds between samples (default 60)
 # OLD         the old revision (default: the parent of the commit that
@@ -40,7 +43,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rate=${RATE:-20/s}
+rate=${RATE:-50/s}
 duration=${DURATION:-15m}
 sample=${SAMPLE:-60}
 out=${OUT:-bench/soak-out}
