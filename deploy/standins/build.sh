@@ -2,22 +2,31 @@
 # Builds offline stand-ins for the third-party images the compose demo and
 # the container tests use, on a Docker engine that reaches no registry, and
 # prints the `export` lines that select them (POSTGRES_IMAGE, NATS_IMAGE,
-# MAILPIT_IMAGE, GO_IMAGE). Each stand-in is a root filesystem made here and
-# `docker import`ed; its tag ends in a hash of its inputs, so a second run
-# finds every image present and builds nothing. Where `docker compose`
-# (Compose v2) is missing, it is built from its Go module too.
+# MAILPIT_IMAGE, GO_IMAGE, PROMETHEUS_IMAGE, JAEGER_IMAGE, GRAFANA_IMAGE).
+# Each stand-in is a root filesystem made here and `docker import`ed; its
+# tag ends in a hash of its inputs, so a second run finds every image
+# present and builds nothing. Where `docker compose` (Compose v2) is
+# missing, it is built from its Go module too.
 #
-#   postgres  the host's PostgreSQL 15 (Debian's postgresql-15: .ci/run
-#             installs it) with the libraries it links, busybox, and an
-#             entrypoint honouring the official image's contract
-#             (postgres/docker-entrypoint.sh).
-#   nats      nats-server at go.mod's version, busybox (sh, wget for the
-#             healthcheck), the official alpine image's entrypoint.
-#   mailpit   Mailpit from its Go module: SMTP on 1025, UI and API on 8025.
-#   go        the host's Go (/usr/local/go) and busybox, for the Dockerfile's
-#             build stage (GO_IMAGE).
+#   postgres    the host's PostgreSQL 15 (Debian's postgresql-15: .ci/run
+#               installs it) with the libraries it links, busybox, and an
+#               entrypoint honouring the official image's contract
+#               (postgres/docker-entrypoint.sh).
+#   nats        nats-server at go.mod's version, busybox (sh, wget for the
+#               healthcheck), the official alpine image's entrypoint.
+#   mailpit     Mailpit from its Go module: SMTP on 1025, UI and API on 8025.
+#   go          the host's Go (/usr/local/go) and busybox, for the
+#               Dockerfile's build stage (GO_IMAGE).
+#   prometheus  Debian's prometheus package (a real Prometheus, 2.42) and the
+#               JavaScript its classic UI links, unpacked, not installed.
+#   jaeger      NOT Jaeger: jaeger/, a program of this repository that takes
+#               OTLP in and answers Jaeger's query API; no UI.
+#   grafana     NOT Grafana: grafana/, a program of this repository that
+#               answers Grafana's HTTP API for the provisioned dashboards and
+#               proxies their queries to Prometheus; no UI.
 #
-# Needs: docker, go, busybox-static and postgresql-15 from Debian.
+# Needs: docker, go, busybox-static and postgresql-15 from Debian, and
+# apt-get (prometheus's packages are fetched with apt-get download).
 # Progress goes to stderr, the export lines to stdout:
 #   eval "$(deploy/standins/build.sh)"
 set -euo pipefail
@@ -209,6 +218,109 @@ build_go() {
 		'WORKDIR /go'
 }
 
+# build_prometheus: Debian's prometheus package (a real Prometheus, 2.42;
+# the official image is 3.x) with the JavaScript packages its classic UI
+# links, fetched with apt-get download and unpacked, not installed.
+# Debian's binary keeps its data in /var/lib/prometheus/metrics2, the
+# official image in /prometheus (its VOLUME, the working directory): a
+# link joins the two.
+build_prometheus() {
+	local pkgs="prometheus fonts-glyphicons-halflings libjs-bootstrap4 libjs-d3 libjs-eonasdan-bootstrap-datetimepicker libjs-jquery libjs-jquery-hotkeys libjs-moment libjs-moment-timezone libjs-mustache libjs-popper.js libjs-rickshaw"
+	local debs=$cache/debs-prometheus version hash tag
+	apt_download "$debs" $pkgs
+	version=$(dpkg-deb -f "$debs"/prometheus_*.deb Version)
+	hash=$(inputs_hash "$(cd "$debs" && ls)" "busybox $(deb_version busybox-static)")
+	version=${version%%+*}
+	tag=onceflow-standin/prometheus:$version-$hash
+	PROMETHEUS_IMAGE=$tag
+	if present "$tag"; then log "prometheus: $tag is present"; return; fi
+	log "prometheus: building $tag from Debian's prometheus $version"
+	local dir=$cache/rootfs-prometheus unpacked=$cache/unpacked-prometheus deb p
+	rm -rf "$unpacked"
+	for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$unpacked"; done
+	# Not the packages' systemd units and docs, nor moment-timezone's 200 MB
+	# of raw zone data (the UI loads moment-timezone-with-data).
+	rm -rf "$unpacked"/usr/share/javascript/moment-timezone/data
+	new_rootfs "$dir"
+	for p in usr/bin/prometheus usr/bin/promtool etc/prometheus usr/share/prometheus usr/share/javascript usr/share/nodejs usr/share/fonts-glyphicons usr/share/fonts; do
+		mkdir -p "$dir/$(dirname "$p")"
+		cp -a "$unpacked/$p" "$dir/$p"
+	done
+	rm -rf "$unpacked"
+	copy_libs "$dir" "$dir/usr/bin/prometheus" "$dir/usr/bin/promtool"
+	mkdir -p "$dir/prometheus" "$dir/var/lib/prometheus"
+	ln -s /prometheus "$dir/var/lib/prometheus/metrics2"
+	chown 65534:65534 "$dir/prometheus"
+	import_rootfs "$dir" "$tag" \
+		'ENV PATH=/usr/bin' \
+		"LABEL org.onceflow.standin=prometheus org.onceflow.standin.inputs=$hash" \
+		'USER nobody' \
+		'WORKDIR /prometheus' \
+		'VOLUME /prometheus' \
+		'EXPOSE 9090' \
+		'ENTRYPOINT ["/bin/prometheus"]' \
+		'CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"]'
+}
+
+# apt_download fetches the named Debian packages' .deb files (their
+# candidate versions) into dir, once; apt's lists are updated if they are
+# missing.
+apt_download() {
+	local dir=$1; shift
+	[ -e "$dir/.complete" ] && return
+	rm -rf "$dir"
+	mkdir -p "$dir"
+	if ! (cd "$dir" && apt-get download -q "$@" >/dev/null 2>&1); then
+		apt-get update -qq
+		(cd "$dir" && apt-get download -q "$@" >/dev/null)
+	fi
+	touch "$dir/.complete"
+}
+
+# build_own builds the stand-in that is a program of this repository,
+# deploy/standins/NAME (a main package), into onceflow-standin/NAME, and
+# sets the variable named var to its tag; the other arguments are the
+# image's Dockerfile instructions.
+build_own() {
+	local name=$1 var=$2; shift 2
+	local hash tag srcs
+	srcs=$(ls "$here/$name"/*.go | grep -v '_test\.go$')
+	# shellcheck disable=SC2086 # one file a line
+	hash=$(inputs_hash "$(go version)" "busybox $(deb_version busybox-static)" "$*" -- $srcs "$root/internal/httpserve/httpserve.go" "$root/go.mod" "$root/go.sum")
+	tag=onceflow-standin/$name:standin-$hash
+	printf -v "$var" %s "$tag"
+	if present "$tag"; then log "$name: $tag is present"; return; fi
+	log "$name: building $tag from deploy/standins/$name (a stand-in: its API, no UI)"
+	local dir=$cache/rootfs-$name
+	new_rootfs "$dir"
+	(cd "$root" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$dir/usr/bin/$name" "./deploy/standins/$name")
+	import_rootfs "$dir" "$tag" "LABEL org.onceflow.standin=$name org.onceflow.standin.inputs=$hash" "$@"
+}
+
+# build_jaeger: not Jaeger (whose all-in-one builds from its Go module in
+# about 7 minutes of CPU, without its npm-built UI) but a small program
+# of this repository that receives OTLP on 4317 and 4318, keeps the traces
+# in memory and answers Jaeger's query API on 16686.
+build_jaeger() {
+	build_own jaeger JAEGER_IMAGE \
+		'USER 10001' \
+		'EXPOSE 4317 4318 14269 16686' \
+		'ENTRYPOINT ["/usr/bin/jaeger"]'
+}
+
+# build_grafana: not Grafana (its frontend needs npm, its backend is far
+# too big to build here) but a small program of this repository that
+# answers Grafana's HTTP API for the provisioned dashboards and data
+# sources, the data source proxy included; no UI.
+build_grafana() {
+	build_own grafana GRAFANA_IMAGE \
+		'ENV GF_PATHS_PROVISIONING=/etc/grafana/provisioning' \
+		'USER 472' \
+		'WORKDIR /usr/share/grafana' \
+		'EXPOSE 3000' \
+		'ENTRYPOINT ["/usr/bin/grafana"]'
+}
+
 # build_compose installs Compose v2 as the docker CLI's plugin where
 # `docker compose` is missing.
 build_compose() {
@@ -225,14 +337,17 @@ build_compose() {
 	log "compose: $(docker compose version)"
 }
 
-# Arguments name what to build (postgres nats mailpit go compose), all
-# by default; the exports are those of the images built or found.
-POSTGRES_IMAGE= NATS_IMAGE= MAILPIT_IMAGE= GO_IMAGE=
-for what in "${@:-postgres nats mailpit go compose}"; do
+# Arguments name what to build (postgres nats mailpit go compose
+# prometheus jaeger grafana), all by default; the exports are those of the
+# images built or found.
+POSTGRES_IMAGE= NATS_IMAGE= MAILPIT_IMAGE= GO_IMAGE= PROMETHEUS_IMAGE= JAEGER_IMAGE= GRAFANA_IMAGE=
+for what in "${@:-postgres nats mailpit go compose prometheus jaeger grafana}"; do
 	for w in $what; do "build_$w"; done
 done
-printf 'export POSTGRES_IMAGE=%s\nexport NATS_IMAGE=%s\nexport MAILPIT_IMAGE=%s\nexport GO_IMAGE=%s\n' \
-	"$POSTGRES_IMAGE" "$NATS_IMAGE" "$MAILPIT_IMAGE" "$GO_IMAGE"
+for v in POSTGRES_IMAGE NATS_IMAGE MAILPIT_IMAGE GO_IMAGE PROMETHEUS_IMAGE JAEGER_IMAGE GRAFANA_IMAGE; do
+	# An image not asked for is not exported: compose keeps its default.
+	[ -n "${!v}" ] && printf 'export %s=%s\n' "$v" "${!v}"
+done
 # For testcontainers (TEST_CONTAINERS=on): its reaper's image cannot be
 # pulled either, and on a machine that looks like a container (/.dockerenv)
 # it would dial the containers' ports on the default gateway, where

@@ -29,7 +29,9 @@ func TestComposeDemo(t *testing.T) {
 	if why := dockerMissing(t.Context()); why != "" {
 		t.Skip("compose demo: " + why)
 	}
-	p := &project{name: "onceflow-demo-test", environ: standIns(t)}
+	// The services export their traces to the profile's Jaeger.
+	environ := append(standIns(t), "OTEL_EXPORTER_OTLP_ENDPOINT=http://jaeger:4318")
+	p := &project{name: "onceflow-demo-test", environ: environ}
 	if out, err := p.run(t.Context(), "version"); err != nil {
 		t.Skip("compose demo: no `docker compose` (Compose v2): " + firstLine([]byte(out)))
 	}
@@ -37,14 +39,14 @@ func TestComposeDemo(t *testing.T) {
 	t.Cleanup(func() { p.down(t) })
 
 	up := time.Now()
-	p.compose(t, "up", "--build", "--detach")
-	p.awaitHealthy(t, 10*time.Minute, longRunning, jobs)
+	p.compose(t, "--profile", "observability", "up", "--build", "--detach")
+	p.awaitHealthy(t, 10*time.Minute, append(longRunning, observability...), jobs)
 	t.Logf("up --build to healthy and seeded: %s", time.Since(up).Round(100*time.Millisecond))
 
 	c := newClient()
 	alice := c.token(t, url.Values{"sub": {"alice"}, "email": {"alice@example.com"}}, "")
 	admin := c.token(t, url.Values{"sub": {"ops"}, "role": {"admin"}}, "onceflow-demo")
-	confirmed := readmeCalls(t, c, alice)
+	confirmed, first := readmeCalls(t, c, alice)
 	t.Logf("up to the first CONFIRMED order: %s", confirmed.Sub(up).Round(100*time.Millisecond))
 	cancelledForPlums(t, c, alice)
 	consoleNeedsSignIn(t, c, admin)
@@ -52,13 +54,17 @@ func TestComposeDemo(t *testing.T) {
 	ids := loadWithFaults(t, p, c, admin, 300)
 	audit(t, p)
 	t.Logf("%d orders placed under faults, every one terminal; audit clean", len(ids))
+
+	scrapedByPrometheus(t, c)
+	tracedInJaeger(t, c, first)
+	dashboardAnswers(t, c)
 }
 
 // readmeCalls are the README's calls: alice orders three apples, the
 // order is CONFIRMED, her wallet debited once (a retry of the POST is a
 // replay), the stock down by three, and two e-mails in Mailpit. It returns
-// when the order was first seen CONFIRMED.
-func readmeCalls(t *testing.T, c *client, alice string) time.Time {
+// when the order was first seen CONFIRMED, and its id.
+func readmeCalls(t *testing.T, c *client, alice string) (time.Time, string) {
 	body := map[string]any{"customer_email": "alice@example.com", "items": []map[string]any{{"sku": "apple", "quantity": 3}}}
 	var placed order
 	c.json(t, http.MethodPost, orderURL+"/orders", alice, body, &placed, "Idempotency-Key", "demo-1")
@@ -96,7 +102,7 @@ func readmeCalls(t *testing.T, c *client, alice string) time.Time {
 		}
 		return found.Count == 2, string(a.body)
 	})
-	return confirmed
+	return confirmed, placed.ID
 }
 
 // cancelledForPlums: plums (stock 0) cancel the order and refund alice.

@@ -3,8 +3,10 @@
 // docker-compose.yml, the README's calls from an HTTP client on the
 // published ports, a service's container restarted and the NATS container
 // killed while a few hundred orders are placed, `onceflow audit` inside the
-// compose network, and `docker compose down -v`, after which nothing of
-// the project is left.
+// compose network, the observability profile (Prometheus scraping the four
+// services, the saga's trace in Jaeger, Grafana's dashboard answering its
+// queries through its data source proxy), and `docker compose down -v`,
+// after which nothing of the project is left.
 //
 // Where no registry answers, the images are the stand-ins of
 // deploy/standins/build.sh (make demo-images), which the test runs itself
