@@ -27,6 +27,9 @@
 #
 # Needs: docker, go, busybox-static and postgresql-15 from Debian, and
 # apt-get (prometheus's packages are fetched with apt-get download).
+# STANDIN_CACHE (~/.cache/onceflow-standins) keeps the downloads and the
+# binaries built from modules; STANDIN_REPO (onceflow-standin) is the
+# images' repository prefix; DOCKER_CONFIG is where Compose v2 is put.
 # Progress goes to stderr, the export lines to stdout:
 #   eval "$(deploy/standins/build.sh)"
 set -euo pipefail
@@ -34,6 +37,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 here=$root/deploy/standins
 cache=${STANDIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/onceflow-standins}
+# The images' repository prefix: another one builds a second set beside
+# the first without touching it (a measurement of a first build, say).
+repo=${STANDIN_REPO:-onceflow-standin}
 mkdir -p "$cache"
 export PATH="/usr/local/go/bin:$PATH"
 
@@ -115,7 +121,7 @@ build_postgres() {
 	local version hash tag
 	version=$("$pgbin/postgres" --version | awk '{print $3}')
 	hash=$(inputs_hash "postgresql-15 $(deb_version postgresql-15)" "busybox $(deb_version busybox-static)" -- "$here/postgres/docker-entrypoint.sh")
-	tag=onceflow-standin/postgres:$version-$hash
+	tag=$repo/postgres:$version-$hash
 	POSTGRES_IMAGE=$tag
 	if present "$tag"; then log "postgres: $tag is present"; return; fi
 	log "postgres: building $tag from the host's PostgreSQL $version"
@@ -164,7 +170,7 @@ build_nats() {
 	local version hash tag
 	version=$(cd "$root" && go list -m -f '{{.Version}}' github.com/nats-io/nats-server/v2)
 	hash=$(inputs_hash "nats-server $version" "$(go version)" "busybox $(deb_version busybox-static)" -- "$here/nats/docker-entrypoint.sh")
-	tag=onceflow-standin/nats:${version#v}-$hash
+	tag=$repo/nats:${version#v}-$hash
 	NATS_IMAGE=$tag
 	if present "$tag"; then log "nats: $tag is present"; return; fi
 	log "nats: building $tag (nats-server $version)"
@@ -185,7 +191,7 @@ build_nats() {
 build_mailpit() {
 	local version=v1.33.1 hash tag
 	hash=$(inputs_hash "mailpit $version" "$(go version)" "busybox $(deb_version busybox-static)")
-	tag=onceflow-standin/mailpit:${version#v}-$hash
+	tag=$repo/mailpit:${version#v}-$hash
 	MAILPIT_IMAGE=$tag
 	if present "$tag"; then log "mailpit: $tag is present"; return; fi
 	log "mailpit: building $tag (Mailpit $version)"
@@ -203,7 +209,7 @@ build_go() {
 	local version hash tag
 	version=$(go env GOVERSION)
 	hash=$(inputs_hash "$(go version)" "busybox $(deb_version busybox-static)")
-	tag=onceflow-standin/golang:${version#go}-$hash
+	tag=$repo/golang:${version#go}-$hash
 	GO_IMAGE=$tag
 	if present "$tag"; then log "go: $tag is present"; return; fi
 	log "go: building $tag from the host's $version"
@@ -231,7 +237,7 @@ build_prometheus() {
 	version=$(dpkg-deb -f "$debs"/prometheus_*.deb Version)
 	hash=$(inputs_hash "$(cd "$debs" && ls)" "busybox $(deb_version busybox-static)")
 	version=${version%%+*}
-	tag=onceflow-standin/prometheus:$version-$hash
+	tag=$repo/prometheus:$version-$hash
 	PROMETHEUS_IMAGE=$tag
 	if present "$tag"; then log "prometheus: $tag is present"; return; fi
 	log "prometheus: building $tag from Debian's prometheus $version"
@@ -287,7 +293,7 @@ build_own() {
 	srcs=$(ls "$here/$name"/*.go | grep -v '_test\.go$')
 	# shellcheck disable=SC2086 # one file a line
 	hash=$(inputs_hash "$(go version)" "busybox $(deb_version busybox-static)" "$*" -- $srcs "$root/internal/httpserve/httpserve.go" "$root/go.mod" "$root/go.sum")
-	tag=onceflow-standin/$name:standin-$hash
+	tag=$repo/$name:standin-$hash
 	printf -v "$var" %s "$tag"
 	if present "$tag"; then log "$name: $tag is present"; return; fi
 	log "$name: building $tag from deploy/standins/$name (a stand-in: its API, no UI)"
