@@ -194,8 +194,8 @@ func (s *service) stop() error {
 
 // restartAfter stops the service gracefully (SIGTERM), runs down while no
 // incarnation runs, and starts it again. It returns when the new
-// incarnation answers /readyz, and that moment.
-func (s *service) restartAfter(ctx context.Context, down func(context.Context) error) (ready time.Time, err error) {
+// incarnation answers /readyz: when it was launched, and that moment.
+func (s *service) restartAfter(ctx context.Context, down func(context.Context) error) (launched, ready time.Time, err error) {
 	s.scrape(ctx)
 	s.mu.Lock()
 	s.stopping = true // the supervisor does not start the next incarnation
@@ -203,23 +203,24 @@ func (s *service) restartAfter(ctx context.Context, down func(context.Context) e
 	s.mu.Unlock()
 	if p != nil {
 		if !p.stop(30 * time.Second) {
-			return time.Time{}, fmt.Errorf("%s did not stop within 30s of SIGTERM and was killed", s.name)
+			return time.Time{}, time.Time{}, fmt.Errorf("%s did not stop within 30s of SIGTERM and was killed", s.name)
 		}
 		if p.err != nil {
-			return time.Time{}, fmt.Errorf("%s stopped with %v", s.name, p.err)
+			return time.Time{}, time.Time{}, fmt.Errorf("%s stopped with %v", s.name, p.err)
 		}
 	}
 	<-s.done
 	if err := down(ctx); err != nil {
-		return time.Time{}, err
+		return time.Time{}, time.Time{}, err
 	}
 	s.mu.Lock()
 	s.stopping = false
 	s.mu.Unlock()
+	launched = time.Now()
 	if err := s.start(ctx); err != nil {
-		return time.Time{}, err
+		return time.Time{}, time.Time{}, err
 	}
-	return time.Now(), nil
+	return launched, time.Now(), nil
 }
 
 // problems are the unexpected exits so far.
