@@ -139,14 +139,19 @@ logmax() {
 		sed -nE 's/.* ([0-9]+(\.[0-9]+)?) ms.*/\1/p' | sort -g | tail -1 | awk '{ printf "%d", $1 + 0.5 } END { if (NR == 0) printf "0" }'
 }
 
-# sample VARIANT PORT: one CSV line of the last SAMPLE seconds.
+# sample VARIANT PORT: one CSV line of the time since the variant's last
+# sample (a sample takes seconds on a busy machine: SAMPLE apart, the
+# samples' windows would leave orders out).
 sample() {
-	local v=$1 port=$2 placed=0 size=0 dead_in=0 dead_out=0 lock=0 lat
+	local v=$1 port=$2 placed=0 size=0 dead_in=0 dead_out=0 lock=0 lat since until
+	since=$(cat "$dir/$v/since" 2>/dev/null || q "$port" postgres "SELECT now() - interval '$sample seconds'")
+	until=$(q "$port" postgres "SELECT now()")
+	echo "$until" >"$dir/$v/since"
 	lat=$(q "$port" onceflow_order "SELECT count(*),
 		coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at) * 1000), 0)::int,
 		coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at) * 1000), 0)::int
-		FROM orders WHERE status = 'CONFIRMED' AND updated_at >= now() - interval '$sample seconds'")
-	placed=$(q "$port" onceflow_order "SELECT count(*) FROM orders WHERE created_at >= now() - interval '$sample seconds'")
+		FROM orders WHERE status = 'CONFIRMED' AND updated_at >= '$since' AND updated_at < '$until'")
+	placed=$(q "$port" onceflow_order "SELECT count(*) FROM orders WHERE created_at >= '$since' AND created_at < '$until'")
 	for d in $dbs; do
 		# Every table that holds rows (relkind r): the plain tables of the
 		# old release, the partitions of the new.
@@ -219,4 +224,4 @@ done
 # One more sample, of the in-flight orders' end, and the sampler stops.
 touch "$dir/stop"
 wait "$sampler_pid" || true
-go run ./bench/soak -old "$out/old.csv" -new "$out/new.csv" -sample "$sample" -svg "$out/soak.svg"
+go run ./bench/soak -old "$out/old.csv" -new "$out/new.csv" -svg "$out/soak.svg"

@@ -4,7 +4,7 @@
 // targets of retention by partitions, and draws the tables' size and the
 // placed→confirmed p99 over the run as an SVG.
 //
-//	go run ./bench/soak -old old.csv -new new.csv -sample 60 -svg soak.svg
+//	go run ./bench/soak -old old.csv -new new.csv -svg soak.svg
 package main
 
 import (
@@ -44,17 +44,16 @@ func run(args []string, w io.Writer) error {
 	fs := flag.NewFlagSet("soak", flag.ContinueOnError)
 	oldPath := fs.String("old", "", "CSV of the row-deleting variant")
 	newPath := fs.String("new", "", "CSV of the partitioned variant")
-	period := fs.Int("sample", 60, "seconds between samples")
 	settle := fs.Int("settle", 300, "seconds after which retention is reached (flatness is judged from there)")
 	svgPath := fs.String("svg", "", "draw size and p99 over the run to `FILE`")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	old, err := read(*oldPath, *period)
+	old, err := read(*oldPath)
 	if err != nil {
 		return err
 	}
-	part, err := read(*newPath, *period)
+	part, err := read(*newPath)
 	if err != nil {
 		return err
 	}
@@ -67,7 +66,9 @@ func run(args []string, w io.Writer) error {
 	return nil
 }
 
-func read(path string, period int) ([]sample, error) {
+// read reads a variant's samples; each counts the orders since the one
+// before it (the first, since SAMPLE seconds before it).
+func read(path string) ([]sample, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -79,6 +80,7 @@ func read(path string, period int) ([]sample, error) {
 	}
 	var out []sample
 	var lastWAL float64
+	lastT := 0
 	for i, r := range rows {
 		if i == 0 {
 			continue // header
@@ -93,14 +95,14 @@ func read(path string, period int) ([]sample, error) {
 			}
 		}
 		s := sample{
-			T: int(v[0]), Placed: v[4], Throughput: v[1] / float64(period), P50: v[2], P99: v[3],
+			T: int(v[0]), Placed: v[4], Throughput: v[1] / float64(max(int(v[0])-lastT, 1)), P50: v[2], P99: v[3],
 			Size: v[5] / 1e6, DeadIn: int64(v[6]), DeadOut: int64(v[7]),
 			CleanupMax: v[8], HeldMax: v[9], WaitMax: v[10], Load: v[12],
 		}
 		if lastWAL > 0 && v[4] > 0 {
 			s.WALPer = (v[11] - lastWAL) / v[4]
 		}
-		lastWAL = v[11]
+		lastWAL, lastT = v[11], int(v[0])
 		out = append(out, s)
 	}
 	if len(out) == 0 {
