@@ -124,13 +124,12 @@ func print(w io.Writer, title string, ss []sample) {
 
 // judge prints the targets of the issue, each met or missed.
 func judge(w io.Writer, old, part []sample, settle int) {
-	// From settle on, while loadgen placed orders: the last sample, taken
-	// after it stopped, holds the in-flight orders' end and little else.
+	// From settle on, while loadgen placed orders: the last sample, which
+	// bench/soak.sh takes after loadgen stopped, holds the end of it.
 	after := func(ss []sample) []sample {
-		full := maxOf(ss, func(s sample) float64 { return s.Placed })
 		var out []sample
-		for _, s := range ss {
-			if s.T >= settle && s.Placed >= full/2 {
+		for _, s := range ss[:len(ss)-1] {
+			if s.T >= settle {
 				out = append(out, s)
 			}
 		}
