@@ -61,24 +61,7 @@ func TestAPanickingHandlerFailsOnlyItsMessage(t *testing.T) {
 			}
 			c := e.start(t, cfg, handler)
 
-			require.EventuallyWithT(t, func(c2 *assert.CollectT) {
-				assert.Equal(c2, inbox.Stats{Processed: 2, DeadLettered: 1, Retried: maxDeliver - 1}, c.Stats())
-			}, waitFor, tick)
-			for _, ev := range []event.Envelope{good1, good2} {
-				require.EqualValues(t, 1, e.effects(t, ev.ID), "a batch-mate's effect, once")
-			}
-			require.Zero(t, e.effects(t, bad.ID), "the panicking handler's writes are rolled back")
-			dlq := e.dlqMsgs(t)
-			require.Len(t, dlq, 1)
-			reason := requireDeadLetter(t, dlq[0], 2, maxDeliver)
-			require.Contains(t, reason, "panic: assignment to entry in nil map")
-			require.Equal(t, bad.ID.String(), dlq[0].Header.Get(event.HeaderID))
-
-			// Still consuming.
-			after := newEvent(t)
-			e.publish(t, after)
-			require.Eventually(t, func() bool { return e.effects(t, after.ID) == 1 }, waitFor, tick)
-			e.requireSettled(t)
+			requireOnlyItsMessageFailed(t, e, c, maxDeliver, bad, "panic: assignment to entry in nil map", good1, good2)
 		})
 	}
 }
@@ -116,24 +99,33 @@ func TestAPanickingDecoderFailsOnlyItsMessage(t *testing.T) {
 			})
 			run(t, c)
 
-			require.EventuallyWithT(t, func(c2 *assert.CollectT) {
-				assert.Equal(c2, inbox.Stats{Processed: 2, DeadLettered: 1, Retried: maxDeliver - 1}, c.Stats())
-			}, waitFor, tick)
-			for _, ev := range []event.Envelope{good1, good2} {
-				require.EqualValues(t, 1, e.effects(t, ev.ID), "a batch-mate's effect, once")
-			}
-			require.Zero(t, e.effects(t, bad.ID))
-			dlq := e.dlqMsgs(t)
-			require.Len(t, dlq, 1)
-			reason := requireDeadLetter(t, dlq[0], 2, maxDeliver)
-			require.Contains(t, reason, "panic: runtime error: index out of range")
-			require.Equal(t, bad.ID.String(), dlq[0].Header.Get(event.HeaderID))
-
-			// Still consuming.
-			after := newEvent(t)
-			e.publish(t, after)
-			require.Eventually(t, func() bool { return e.effects(t, after.ID) == 1 }, waitFor, tick)
-			e.requireSettled(t)
+			requireOnlyItsMessageFailed(t, e, c, maxDeliver, bad, "panic: runtime error: index out of range", good1, good2)
 		})
 	}
+}
+
+// requireOnlyItsMessageFailed waits until bad was retried and then
+// dead-lettered with a reason that holds want, and requires its batch-mates
+// good processed once, bad's writes rolled back, and c still consuming.
+func requireOnlyItsMessageFailed(t *testing.T, e *env, c *inbox.Consumer, maxDeliver int,
+	bad event.Envelope, want string, good ...event.Envelope) {
+	t.Helper()
+	require.EventuallyWithT(t, func(c2 *assert.CollectT) {
+		assert.Equal(c2, inbox.Stats{Processed: int64(len(good)), DeadLettered: 1, Retried: int64(maxDeliver - 1)}, c.Stats())
+	}, waitFor, tick)
+	for _, ev := range good {
+		require.EqualValues(t, 1, e.effects(t, ev.ID), "a batch-mate's effect, once")
+	}
+	require.Zero(t, e.effects(t, bad.ID), "the failed message's writes are rolled back")
+	dlq := e.dlqMsgs(t)
+	require.Len(t, dlq, 1)
+	reason := requireDeadLetter(t, dlq[0], 2, maxDeliver)
+	require.Contains(t, reason, want)
+	require.Equal(t, bad.ID.String(), dlq[0].Header.Get(event.HeaderID))
+
+	// Still consuming.
+	after := newEvent(t)
+	e.publish(t, after)
+	require.Eventually(t, func() bool { return e.effects(t, after.ID) == 1 }, waitFor, tick)
+	e.requireSettled(t)
 }
