@@ -41,6 +41,14 @@ cache=${STANDIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/onceflow-standins}
 # the first without touching it (a measurement of a first build, say).
 repo=${STANDIN_REPO:-onceflow-standin}
 mkdir -p "$cache"
+# Runs at once (CI beside a developer's `make demo-images`) would share the
+# cache's working directories and remove each other's root filesystems
+# mid-build: a second run waits for the first, then finds its images present.
+exec 9>"$cache/.lock"
+if ! flock -n 9; then
+	printf 'standins: waiting for another build.sh on %s\n' "$cache" >&2
+	flock 9
+fi
 export PATH="/usr/local/go/bin:$PATH"
 
 log() { printf 'standins: %s\n' "$*" >&2; }
