@@ -120,7 +120,11 @@ type order struct {
 
 // terminal reports whether an order's saga is over.
 func terminal(status string) bool {
-	return status == "CONFIRMED" || status == "CANCELLED" || status == "REJECTED"
+	switch status {
+	case "CONFIRMED", "CANCELLED", "REJECTED", "EXPIRED":
+		return true
+	}
+	return false
 }
 
 // awaitOrder polls an order until its status is terminal or timeout passes,
