@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/caarlos0/env/v11"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/onceflow/onceflow/internal/natsauth"
@@ -53,24 +52,21 @@ func runConsumer(ctx context.Context, inv invocation, args []string) error {
 	if fs.NArg() > 0 {
 		return usageError(fs, "unexpected arguments after the durable")
 	}
-	i := slices.IndexFunc(streams.Saga(streams.Config{}).Consumers, func(c streams.Consumer) bool { return c.Durable == durable })
+	consumers := streams.Saga(streams.Config{}).Consumers
+	i := slices.IndexFunc(consumers, func(c streams.Consumer) bool { return c.Durable == durable })
 	if i < 0 {
 		return fmt.Errorf("consumer: %q is not a durable of the saga", durable)
 	}
-	stream := streams.Saga(streams.Config{}).Consumers[i].Stream
+	stream := consumers[i].Stream
 	cfg, err := env.ParseAs[consumerEnv]()
 	if err != nil {
 		return fmt.Errorf("consumer config: %w", err)
 	}
-	nc, err := nats.Connect(cfg.NATS.URL, append(cfg.NATS.Options(streams.Operator), nats.Name("onceflow-consumer"))...)
+	js, closeNATS, err := operatorJetStream(cfg.NATS, "consumer")
 	if err != nil {
-		return fmt.Errorf("consumer: connect to nats: %w", err)
+		return err
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("consumer: jetstream: %w", err)
-	}
+	defer closeNATS()
 	var resp *jetstream.ConsumerPauseResponse
 	if verb == "pause" {
 		resp, err = js.PauseConsumer(ctx, stream, durable, time.Now().Add(*pauseFor))

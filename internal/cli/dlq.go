@@ -63,16 +63,26 @@ Run 'onceflow dlq <subcommand> -h' for its flags.
 
 // dlqStore connects to NATS and returns the DLQ store and a close func.
 func dlqStore(cfg dlqEnv) (*dlq.Store, func(), error) {
-	nc, err := nats.Connect(cfg.NATS.URL, append(cfg.NATS.Options(streams.Operator), nats.Name("onceflow-dlq"))...)
+	js, closeNATS, err := operatorJetStream(cfg.NATS, "dlq")
 	if err != nil {
-		return nil, nil, fmt.Errorf("dlq: connect to nats: %w", err)
+		return nil, nil, err
+	}
+	return dlq.New(js, dlq.Config{Topology: streams.Saga(streams.Config{})}), closeNATS, nil
+}
+
+// operatorJetStream connects to NATS with the operator's credentials, as
+// the command named cmd, and returns its JetStream and a close func.
+func operatorJetStream(client natsauth.Client, cmd string) (jetstream.JetStream, func(), error) {
+	nc, err := nats.Connect(client.URL, append(client.Options(streams.Operator), nats.Name("onceflow-"+cmd))...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: connect to nats: %w", cmd, err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
-		return nil, nil, fmt.Errorf("dlq: jetstream: %w", err)
+		return nil, nil, fmt.Errorf("%s: jetstream: %w", cmd, err)
 	}
-	return dlq.New(js, dlq.Config{Topology: streams.Saga(streams.Config{})}), nc.Close, nil
+	return js, nc.Close, nil
 }
 
 // filterFlags adds the flags of a dlq.Filter to fs; the returned func reads
