@@ -133,16 +133,19 @@ func TestNewServiceEndToEnd(t *testing.T) {
 	require.NoError(t, os.WriteFile(handler, src, 0o644))
 
 	done = step("go tool sqlc generate")
-	goCmd(t, repo, "tool", "sqlc", "generate")
+	sqlcGenerate(t, repo)
 	done()
 
+	// Built as the Dockerfile and e2e build it: their compiled packages serve.
 	done = step("go build ./cmd/onceflow")
 	bin := filepath.Join(repo, "bin", "onceflow")
-	goCmd(t, repo, "build", "-o", bin, "./cmd/onceflow")
+	goCmdEnv(t, repo, []string{"CGO_ENABLED=0"}, "build", "-trimpath", "-o", bin, "./cmd/onceflow")
 	done()
 
-	done = step("go test ./services/loyalty/ ./internal/event/")
-	out = goCmd(t, repo, "test", "-count=1", "-v", "./services/loyalty/", "./internal/event/")
+	// -race, as make test: the generated tests are checked as the project's
+	// are, and reuse the packages make test compiled.
+	done = step("go test -race ./services/loyalty/ ./internal/event/")
+	out = goCmd(t, repo, "test", "-race", "-count=1", "-v", "./services/loyalty/", "./internal/event/")
 	done()
 	// The generated test runs the conformance kit on the generated handler
 	// with the engineer's edit in it: every property, by name, in each mode.
@@ -254,7 +257,7 @@ func TestNewServiceEndToEnd(t *testing.T) {
 	done = step("new services probe and bare; go vet")
 	newService(t, repo, "probe", "--consumes", "OrderPlaced", "OrderCancelled", "--consumes=PaymentDebited,StockRejected")
 	newService(t, repo, "bare")
-	goCmd(t, repo, "vet", "./services/probe/", "./services/bare/", "./internal/registry/")
+	goCmd(t, repo, "vet", "-race", "./services/probe/", "./services/bare/", "./internal/registry/")
 	done()
 }
 

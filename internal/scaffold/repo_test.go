@@ -86,8 +86,22 @@ func snapshot(t *testing.T, dir string) map[string][32]byte {
 // its combined output; it fails the test on an error.
 func goCmd(t *testing.T, dir string, args ...string) string {
 	t.Helper()
+	return goCmdEnv(t, dir, nil, args...)
+}
+
+// sqlcGenerate runs `go tool sqlc generate` in dir as make generate does:
+// sqlc built without cgo (see staging.go).
+func sqlcGenerate(t *testing.T, dir string) {
+	t.Helper()
+	goCmdEnv(t, dir, []string{"CGO_ENABLED=0"}, "tool", "sqlc", "generate")
+}
+
+// goCmdEnv is goCmd with env added to this process's environment.
+func goCmdEnv(t *testing.T, dir string, env []string, args ...string) string {
+	t.Helper()
 	cmd := exec.CommandContext(t.Context(), "go", args...)
 	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Run(), "go %s:\n%s", strings.Join(args, " "), out.String())
