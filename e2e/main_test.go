@@ -117,9 +117,11 @@ func setUp(logger *slog.Logger) (_ *harness, cleanup func(context.Context) error
 }
 
 // build compiles pkg into out, without the race detector whatever the test
-// binary was built with: the services run as they do in production.
+// binary was built with: the services run as they do in production, built
+// as the Dockerfile builds them (no cgo, -trimpath), which also shares the
+// compiled packages with the stand-ins' nats-server and the other tests'.
 func build(ctx context.Context, out, pkg string) error {
-	if _, err := goCommand(ctx, "build", "-o", out, pkg); err != nil {
+	if _, err := goCommand(ctx, "build", "-trimpath", "-o", out, pkg); err != nil {
 		return fmt.Errorf("build %s: %w", pkg, err)
 	}
 	return nil
@@ -167,7 +169,8 @@ func (h *harness) trackSources(t *testing.T) {
 	require.NoError(t, h.trackErr)
 }
 
-// goCommand runs the go command with args and returns its standard output.
+// goCommand runs the go command with args, without cgo (see build), and
+// returns its standard output.
 func goCommand(ctx context.Context, args ...string) ([]byte, error) {
 	// go test puts $GOROOT/bin first on the PATH of the test binary.
 	goBin, err := exec.LookPath("go")
@@ -176,6 +179,7 @@ func goCommand(ctx context.Context, args ...string) ([]byte, error) {
 	}
 	var stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, goBin, args...)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {

@@ -80,11 +80,14 @@ func readPID(t *testing.T, path string) int {
 }
 
 // buildNATSServer builds the nats-server of go.mod, as onceflow's own
-// nats-server command runs it.
+// nats-server command runs it, and as e2e and the stand-ins build it (no
+// cgo, -trimpath), so that they compile it once.
 func buildNATSServer(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "nats-server")
-	out, err := exec.CommandContext(t.Context(), "go", "build", "-o", bin, "github.com/nats-io/nats-server/v2").CombinedOutput()
+	cmd := exec.CommandContext(t.Context(), "go", "build", "-trimpath", "-o", bin, "github.com/nats-io/nats-server/v2")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	return bin
 }
