@@ -143,10 +143,10 @@ func TestNewServiceEndToEnd(t *testing.T) {
 	done()
 
 	// -race, as make test: the generated tests are checked as the project's
-	// are, and reuse the dependencies make test compiled; -trimpath, so that
-	// the copy's unchanged packages compile once for every test's copy.
+	// are, and reuse the dependencies make test compiled (not -trimpath,
+	// which would compile every dependency a second time).
 	done = step("go test -race ./services/loyalty/ ./internal/event/")
-	out = goCmd(t, repo, "test", "-race", "-trimpath", "-count=1", "-v", "./services/loyalty/", "./internal/event/")
+	out = goCmd(t, repo, "test", "-race", "-count=1", "-v", "./services/loyalty/", "./internal/event/")
 	done()
 	// The generated test runs the conformance kit on the generated handler
 	// with the engineer's edit in it: every property, by name, in each mode.
@@ -258,7 +258,7 @@ func TestNewServiceEndToEnd(t *testing.T) {
 	done = step("new services probe and bare; go vet")
 	newService(t, repo, "probe", "--consumes", "OrderPlaced", "OrderCancelled", "--consumes=PaymentDebited,StockRejected")
 	newService(t, repo, "bare")
-	goCmd(t, repo, "vet", "-race", "-trimpath", "./services/probe/", "./services/bare/", "./internal/registry/")
+	goCmd(t, repo, "vet", "-race", "./services/probe/", "./services/bare/", "./internal/registry/")
 	done()
 }
 

@@ -36,8 +36,8 @@ func TestAnExpiryConsumerCompensatesOnADurableOfItsOwn(t *testing.T) {
 	_, placed, _ := strings.Cut(string(src), "func (s *Service) HandleOrderPlaced(")
 	require.Contains(t, placed, "outbox.Enqueue", "OrderPlaced still emits RefundOffered")
 
-	goCmd(t, repo, "vet", "-race", "-trimpath", "./services/refunds/", "./internal/streams/")
-	test := goCmd(t, repo, "test", "-race", "-trimpath", "-count=1", "-run", "^(TestOrderExpiredHasOneEffect|TestOrderPlacedHasOneEffect|TestConformance)$", "-v", "./services/refunds/")
+	goCmd(t, repo, "vet", "-race", "./services/refunds/", "./internal/streams/")
+	test := goCmd(t, repo, "test", "-race", "-count=1", "-run", "^(TestOrderExpiredHasOneEffect|TestOrderPlacedHasOneEffect|TestConformance)$", "-v", "./services/refunds/")
 	for _, want := range []string{"--- PASS: TestOrderExpiredHasOneEffect", "--- PASS: TestOrderPlacedHasOneEffect", "--- PASS: TestConformance"} {
 		require.Contains(t, test, want)
 	}
