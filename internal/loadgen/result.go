@@ -167,8 +167,8 @@ func (r *Result) WriteText(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  placed      %d (%.1f/s), %d given up, %d retries with the same key\n",
 		r.Placed, r.PlacedPerSecond, r.PlaceErrors, r.Retries)
-	fmt.Fprintf(w, "  finished    %.1f orders/s to a terminal state: %d confirmed, %d rejected, %d cancelled, %d unfinished\n",
-		r.FinishedPerSecond, r.Outcomes[statusConfirmed], r.Outcomes[statusRejected], r.Outcomes[statusCancelled], r.Unfinished)
+	fmt.Fprintf(w, "  finished    %.1f orders/s to a terminal state: %d confirmed, %d rejected, %d cancelled, %d expired, %d unfinished\n",
+		r.FinishedPerSecond, r.Outcomes[statusConfirmed], r.Outcomes[statusRejected], r.Outcomes[statusCancelled], r.Outcomes[statusExpired], r.Unfinished)
 	l := r.PlacedToConfirmed
 	fmt.Fprintf(w, "  placed→confirmed  p50 %.1fms  p95 %.1fms  p99 %.1fms  max %.1fms  (n=%d)\n", l.P50, l.P95, l.P99, l.Max, l.Count)
 	l = r.PlacedToTerminal

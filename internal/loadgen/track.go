@@ -11,15 +11,22 @@ const (
 	statusConfirmed = "CONFIRMED"
 	statusRejected  = "REJECTED"
 	statusCancelled = "CANCELLED"
+	// statusExpired ends an order the saga did not finish by its deadline.
+	statusExpired = "EXPIRED"
 
 	typePlaced    = "onceflow.order.placed.v1"
 	typeConfirmed = "onceflow.order.confirmed.v1"
 	typeRejected  = "onceflow.order.rejected.v1"
 	typeCancelled = "onceflow.order.cancelled.v1"
+	typeExpired   = "onceflow.order.expired.v1"
 )
 
 func terminal(status string) bool {
-	return status == statusConfirmed || status == statusRejected || status == statusCancelled
+	switch status {
+	case statusConfirmed, statusRejected, statusCancelled, statusExpired:
+		return true
+	}
+	return false
 }
 
 // orderView is what Run reads of an order from the API.
@@ -45,7 +52,7 @@ func (o orderView) times() (placed, done time.Time) {
 		switch e.Type {
 		case typePlaced:
 			placed = e.At
-		case typeConfirmed, typeRejected, typeCancelled:
+		case typeConfirmed, typeRejected, typeCancelled, typeExpired:
 			done = e.At
 		}
 	}

@@ -73,3 +73,22 @@ func TestPollsReadMoreWhileSettling(t *testing.T) {
 	require.Greater(t, settling, measuring)
 	require.Equal(t, min(settleBudgetFactor*measuring, customers), settling)
 }
+
+// An order the saga did not finish by its deadline is finished too: it
+// leaves the pending orders, counts as expired, and its time to terminal
+// is its expiry event's, not the poll's.
+func TestAnExpiredOrderIsFinished(t *testing.T) {
+	tr := newTracker()
+	placed := time.Now().Add(-time.Minute)
+	tr.add(orderView{ID: "o1", CustomerID: "c", Status: "PENDING", CreatedAt: placed})
+	tr.update(orderView{ID: "o1", CustomerID: "c", Status: statusExpired, CreatedAt: placed, UpdatedAt: time.Now(),
+		Timeline: []timelineEntry{
+			{Type: typePlaced, At: placed},
+			{Type: typeExpired, At: placed.Add(30 * time.Second)},
+		}})
+	require.Empty(t, tr.pendingIDs, "an expired order is still awaited")
+	require.Empty(t, tr.customers["c"].pending)
+	require.Equal(t, map[string]int{statusExpired: 1}, tr.outcomes)
+	require.Equal(t, []time.Duration{30 * time.Second}, tr.toTerminal)
+	require.Empty(t, tr.toConfirmed)
+}
