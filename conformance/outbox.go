@@ -85,7 +85,7 @@ type outboxRow struct {
 
 func (s *subject) outboxRows(t *testing.T) map[string]outboxRow {
 	t.Helper()
-	rows, err := s.db.Query(t.Context(), `SELECT event_id::text, nats_subject, source FROM outbox WHERE sent_at IS NULL`)
+	rows, err := s.db.Query(t.Context(), `SELECT event_id::text, nats_subject, source FROM outbox_unsent`)
 	if err != nil {
 		t.Fatalf("conformance: read the outbox: %v", err)
 	}

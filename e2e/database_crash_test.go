@@ -71,9 +71,9 @@ func TestDatabaseCrash(t *testing.T) {
 	sys.checkStoredOnce()
 }
 
-// crashHold is a transaction per service database that holds row locks the
-// service's next writes need: every unsent outbox row (the relay claims
-// without locking, publishes, and then waits to mark them sent) and, in
+// crashHold is a transaction per service database that holds locks the
+// service's next writes need: outbox_sent (the relay claims without
+// locking, publishes, and then waits to mark the rows sent) and, in
 // payment's, every wallet (the next debit waits inside its inbox
 // transaction).
 type crashHold struct {
@@ -107,12 +107,14 @@ func (sys *system) holdForCrash(ctx context.Context) (*crashHold, error) {
 	return h, nil
 }
 
-// lock takes the rows written since the last call. SKIP LOCKED: a row a
+// lock takes outbox_sent, so that the relays' next marks (inserts) wait,
+// and the wallets written since the last call. SHARE: the relays' claims
+// read outbox_sent all the same, and publish. SKIP LOCKED: a wallet a
 // service is writing is left to it, so the hold never waits for a service
 // (and never deadlocks with one); it takes it on a later call.
 func (h *crashHold) lock(ctx context.Context) error {
 	for kind, tx := range h.txs {
-		if _, err := tx.Exec(ctx, `SELECT id FROM outbox WHERE sent_at IS NULL FOR UPDATE SKIP LOCKED`); err != nil {
+		if _, err := tx.Exec(ctx, `LOCK TABLE outbox_sent IN SHARE MODE`); err != nil {
 			return fmt.Errorf("hold %s outbox: %w", kind, err)
 		}
 		if kind == "payment" {
@@ -130,8 +132,8 @@ func (h *crashHold) lock(ctx context.Context) error {
 // statement timeout (10s) cannot end it before the crash that follows.
 func (h *crashHold) held(ctx context.Context) (relays, writes int64, err error) {
 	err = h.sys.pg.admin.QueryRow(ctx, `
-		SELECT count(*) FILTER (WHERE query LIKE '%UPDATE outbox SET sent_at%'),
-		       count(*) FILTER (WHERE query NOT LIKE '%UPDATE outbox SET sent_at%')
+		SELECT count(*) FILTER (WHERE query LIKE '%INSERT INTO outbox_sent%'),
+		       count(*) FILTER (WHERE query NOT LIKE '%INSERT INTO outbox_sent%')
 		FROM pg_stat_activity
 		WHERE datname = ANY($1) AND pg_blocking_pids(pid) && $2::int[]
 		  AND query_start > now() - interval '5 seconds'`,

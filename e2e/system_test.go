@@ -407,7 +407,7 @@ func (sys *system) busy(ctx context.Context) error {
 	}
 	for _, kind := range kinds {
 		var unsent int
-		if err := sys.pools[kind].QueryRow(ctx, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`).Scan(&unsent); err != nil {
+		if err := sys.pools[kind].QueryRow(ctx, `SELECT count(*) FROM outbox_unsent`).Scan(&unsent); err != nil {
 			return fmt.Errorf("%s outbox: %w", kind, err)
 		}
 		if unsent > 0 {

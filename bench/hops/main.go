@@ -80,7 +80,7 @@ func load(ctx context.Context, url string) (service, error) {
 		if s.sent[r.Subject] == nil {
 			s.sent[r.Subject] = map[event.Type]published{}
 		}
-		s.sent[r.Subject][event.Type(r.EventType)] = published{id: r.EventID, made: r.EventTime, sent: *r.SentAt}
+		s.sent[r.Subject][event.Type(r.EventType)] = published{id: r.EventID, made: r.EventTime, sent: r.SentAt}
 	}
 	for _, r := range in {
 		s.claimed[r.EventID] = r.ProcessedAt

@@ -27,8 +27,10 @@ func TestHopsOfAConfirmedOrder(t *testing.T) {
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	publish := func(db *testenv.Database, orderID string, typ event.Type, made, sent time.Time) uuid.UUID {
 		id := uuid.New()
-		_, err := db.Pool.Exec(t.Context(), `INSERT INTO outbox (event_id, event_type, source, subject, nats_subject, event_time, data, sent_at)
-			VALUES ($1, $2, 'test', $3, 'test', $4, '{}', $5)`, id, string(typ), orderID, made, sent)
+		_, err := db.Pool.Exec(t.Context(), `WITH o AS (
+				INSERT INTO outbox (event_id, event_type, source, subject, nats_subject, event_time, data)
+				VALUES ($1, $2, 'test', $3, 'test', $4, '{}') RETURNING id, created_at)
+			INSERT INTO outbox_sent (id, created_at, sent_at) SELECT id, created_at, $5 FROM o`, id, string(typ), orderID, made, sent)
 		require.NoError(t, err)
 		return id
 	}

@@ -223,13 +223,30 @@ type marks []settled
 // settled is a batch whose acks are in: its acked rows are to be marked
 // sent, and err cut it short.
 type settled struct {
-	ids []int64 // of the acked rows, the batch's first ones, ascending
-	err error
+	mark dbsqlc.MarkSentParams // of the acked rows, the batch's first ones
+	err  error
 }
 
 // queueMark queues on m the mark of b's first acked rows.
 func (r *Relay) queueMark(m *marks, b *batch, acked int, err error) {
-	*m = append(*m, settled{ids: appendIDs(make([]int64, 0, acked), b.rows[:acked]), err: err})
+	*m = append(*m, settled{mark: markOf(b.rows, acked), err: err})
+}
+
+// markOf is the mark of the first acked of rows, a claim's. It records the
+// position that the claim found only when every row of the claim was
+// acked: the position says that all of them are sent. A batch cut short
+// leaves the position of the mark before it, from which the rows it did
+// not mark are found again.
+func markOf(rows []dbsqlc.ClaimUnsentRow, acked int) dbsqlc.MarkSentParams {
+	m := dbsqlc.MarkSentParams{Ids: make([]int64, acked), CreatedAts: make([]time.Time, acked), ResumeXip: []int64{}}
+	for i, row := range rows[:acked] {
+		m.Ids[i], m.CreatedAts[i] = row.ID, row.CreatedAt
+	}
+	if acked > 0 && acked == len(rows) {
+		last := rows[0] // every row of a claim carries its position
+		m.Resume, m.ResumeID, m.ResumeXmax, m.ResumeXip = true, last.ResumeID, last.ResumeXmax, last.ResumeXip
+	}
+	return m
 }
 
 // pipeline returns the queued marks as statements, after lock's. For
@@ -246,8 +263,8 @@ func (r *Relay) pipeline(m *marks, lock sleepOp, slept *int64) *postgres.Pipelin
 		_ = r.queries.ReleaseSleepLock(context.Background(), &p, sleepLockKey)
 	}
 	for _, b := range *m {
-		if len(b.ids) > 0 {
-			_ = r.queries.MarkSent(context.Background(), &p, dbsqlc.MarkSentParams{FirstID: b.ids[0], LastID: b.ids[len(b.ids)-1], Ids: b.ids})
+		if len(b.mark.Ids) > 0 {
+			_ = r.queries.MarkSent(context.Background(), &p, b.mark)
 		}
 	}
 	return &p
@@ -269,7 +286,7 @@ func (m *marks) queued() bool { return len(*m) > 0 }
 func (r *Relay) marked(m *marks, err error) int {
 	n := 0
 	for _, b := range *m {
-		acked := len(b.ids)
+		acked := len(b.mark.Ids)
 		if err != nil {
 			acked, b.err = 0, fmt.Errorf("mark outbox rows sent: %w", err)
 		}

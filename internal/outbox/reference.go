@@ -45,8 +45,9 @@ func PublishOne(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream)
 	if _, err := js.PublishMsg(ctx, msg); err != nil {
 		return false, fmt.Errorf("publish outbox row %d: %w", row.ID, err)
 	}
-	// 4. Only then mark it sent.
-	if err := q.MarkSent(ctx, conn, dbsqlc.MarkSentParams{FirstID: row.ID, LastID: row.ID, Ids: []int64{row.ID}}); err != nil {
+	// 4. Only then mark it sent, with the position the claim found, from
+	// which the next claim looks for unsent rows.
+	if err := q.MarkSent(ctx, conn, markOf(rows, 1)); err != nil {
 		return false, fmt.Errorf("mark outbox row %d sent: %w", row.ID, err)
 	}
 	return true, nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -45,6 +46,13 @@ type Table struct {
 	// SentOnly keeps an outbox partition while it holds a row unsent or sent
 	// less than Retention ago.
 	SentOnly bool
+	// Sent, when set, is the table that records the sends of Name's rows,
+	// partitioned by the same key with the same bounds and names
+	// (outbox_sent_pX beside outbox_pX). Its partition of a range is made
+	// before Name's and detached after Name's went, each in a transaction
+	// of its own, so that no step holds locks of both tables, and a row of
+	// Name always has the partition its send goes to.
+	Sent string
 }
 
 func (t Table) validate() error {
@@ -175,14 +183,9 @@ func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
 	}
 	now := m.cfg.Now()
 	for _, r := range missing(t, parts, now) {
-		ok, err := m.step(ctx, t.Name, "create", func(lockTimeout string) (bool, error) {
-			return m.queries.CreatePartition(ctx, m.pool, dbsqlc.CreatePartitionParams{
-				Parent: t.Name, Key: t.Key, Lo: r.lo, Hi: r.hi, LockTimeout: lockTimeout,
-				Exclusive: r.lo.Before(now.Add(t.Accepts)),
-			})
-		})
+		ok, err := m.create(ctx, t, r, now)
 		if err != nil {
-			return res, fmt.Errorf("create partition of %s from %s: %w", t.Name, r.lo.Format(time.RFC3339), err)
+			return res, err
 		}
 		if ok {
 			res.Created++
@@ -201,7 +204,13 @@ func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
 			res.Kept++
 		}
 	}
-	if res.Dropped > 0 {
+	sentDropped := 0
+	if t.Sent != "" {
+		if sentDropped, err = m.dropSent(ctx, t, now); err != nil {
+			return res, err
+		}
+	}
+	if res.Dropped > 0 || sentDropped > 0 {
 		if err := m.dropDetached(ctx, t); err != nil {
 			return res, err
 		}
@@ -209,6 +218,67 @@ func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
 	res.Partitions = len(parts) + res.Created - res.Dropped
 	m.cfg.Observer.Partitions(t.Name, res.Partitions)
 	return res, nil
+}
+
+// create makes the partition r of t, and first, for a table with Sent, the
+// partition of t.Sent of the same range (false: it existed). Made first, so
+// that the sends of r's rows never wait in t.Sent's DEFAULT partition.
+func (m *Maintainer) create(ctx context.Context, t Table, r span, now time.Time) (bool, error) {
+	tables := []string{t.Name}
+	if t.Sent != "" {
+		tables = []string{t.Sent, t.Name}
+	}
+	var created bool
+	for _, name := range tables {
+		ok, err := m.step(ctx, name, "create", func(lockTimeout string) (bool, error) {
+			return m.queries.CreatePartition(ctx, m.pool, dbsqlc.CreatePartitionParams{
+				Parent: name, Key: t.Key, Lo: r.lo, Hi: r.hi, LockTimeout: lockTimeout,
+				Exclusive: r.lo.Before(now.Add(t.Accepts)),
+			})
+		})
+		if err != nil {
+			return false, fmt.Errorf("create partition of %s from %s: %w", name, r.lo.Format(time.RFC3339), err)
+		}
+		created = ok
+	}
+	return created, nil
+}
+
+// dropSent detaches the partitions of t.Sent past the retention whose
+// partition of t is gone (dropped in this round, or in one that stopped
+// before it came to this), each in a transaction of its own: the relay
+// takes outbox_sent's locks before the outbox's, so a step that locked
+// both could deadlock with it. The sends recorded there are of rows that
+// are gone. It returns how many it detached.
+func (m *Maintainer) dropSent(ctx context.Context, t Table, now time.Time) (int, error) {
+	sent, err := m.queries.Partitions(ctx, m.pool, t.Sent)
+	if err != nil {
+		return 0, fmt.Errorf("list partitions of %s: %w", t.Sent, err)
+	}
+	parts, err := m.queries.Partitions(ctx, m.pool, t.Name)
+	if err != nil {
+		return 0, fmt.Errorf("list partitions of %s: %w", t.Name, err)
+	}
+	kept := make(map[string]bool, len(parts))
+	for _, p := range parts {
+		kept[t.Sent+strings.TrimPrefix(p.Name, t.Name)] = true
+	}
+	dropped := 0
+	for _, p := range expired(t, sent, now) {
+		if kept[p.Name] {
+			continue
+		}
+		ok, err := m.step(ctx, t.Sent, "drop", func(lockTimeout string) (bool, error) {
+			return m.queries.DropPartition(ctx, m.pool, dbsqlc.DropPartitionParams{Parent: t.Sent, Part: p.Name, LockTimeout: lockTimeout})
+		})
+		if err != nil {
+			return dropped, fmt.Errorf("drop partition %s: %w", p.Name, err)
+		}
+		if ok {
+			dropped++
+		}
+	}
+	return dropped, nil
 }
 
 func (m *Maintainer) drop(ctx context.Context, t Table, part, lockTimeout string) (bool, error) {
@@ -221,14 +291,19 @@ func (m *Maintainer) drop(ctx context.Context, t Table, part, lockTimeout string
 	})
 }
 
-// dropDetached drops the partitions of t that drops detached, under no
-// lock that the table's writers take.
+// dropDetached drops the partitions of t (and of t.Sent) that drops
+// detached, under no lock that the table's writers take.
 func (m *Maintainer) dropDetached(ctx context.Context, t Table) error {
-	start := time.Now()
-	_, err := m.queries.DropDetached(ctx, m.pool, t.Name)
-	m.cfg.Observer.Step(t.Name, "drop_detached", time.Since(start), err)
-	if err != nil {
-		return fmt.Errorf("drop detached partitions of %s: %w", t.Name, err)
+	for _, name := range []string{t.Name, t.Sent} {
+		if name == "" {
+			continue
+		}
+		start := time.Now()
+		_, err := m.queries.DropDetached(ctx, m.pool, name)
+		m.cfg.Observer.Step(name, "drop_detached", time.Since(start), err)
+		if err != nil {
+			return fmt.Errorf("drop detached partitions of %s: %w", name, err)
+		}
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package partition_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -138,15 +139,25 @@ func TestOutboxPartitionsGoOnlyWhenSentPastTheRetention(t *testing.T) {
 		_, err := e.db.Pool.Exec(t.Context(), sql)
 		require.NoError(t, err)
 	}
-	exec(`UPDATE outbox SET sent_at = now() - interval '2 minutes' WHERE id <> (SELECT max(id) FROM outbox)`)
-	exec(`UPDATE outbox SET sent_at = now() WHERE id = (SELECT max(id) FROM outbox)`)
+	send := func(ago, which string) {
+		exec(`INSERT INTO outbox_sent (id, created_at, sent_at)
+			SELECT id, created_at, now() - interval '` + ago + `' FROM outbox WHERE ` + which)
+	}
+	send("2 minutes", `id <> (SELECT max(id) FROM outbox)`)
+	require.Positive(t, maintain().Kept, "an unsent row")
+	send("0", `id = (SELECT max(id) FROM outbox)`)
 	require.Positive(t, maintain().Kept, "a row sent within the retention")
 	require.True(t, e.exists(t, part))
 
-	exec(`UPDATE outbox SET sent_at = now() - interval '2 minutes'`)
+	exec(`DELETE FROM outbox_sent WHERE id = (SELECT max(id) FROM outbox)`) // as a redrive does
+	send("2 minutes", `id = (SELECT max(id) FROM outbox)`)
+	sent := "outbox_sent" + strings.TrimPrefix(part, "outbox")
+	require.True(t, e.exists(t, sent))
 	require.Positive(t, maintain().Dropped)
 	require.False(t, e.exists(t, part))
+	require.False(t, e.exists(t, sent), "the partition of outbox_sent of the same range")
 	require.Zero(t, e.count(t, `SELECT count(*) FROM outbox`))
+	require.Zero(t, e.count(t, `SELECT count(*) FROM outbox_sent`))
 }
 
 // A step waits for its lock no longer than the lock timeout: a transaction

@@ -216,7 +216,7 @@ func awaitDuplicates(t *testing.T, svc *apptest.Service, durable string, n int) 
 func awaitOutboxSent(t *testing.T, svc *apptest.Service) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		n, err := count(t.Context(), svc, "SELECT 1 FROM outbox WHERE sent_at IS NULL")
+		n, err := count(t.Context(), svc, "SELECT 1 FROM outbox_unsent")
 		return err == nil && n == 0
 	}, 20*time.Second, 20*time.Millisecond, "the outbox was not published")
 }

@@ -2,9 +2,9 @@
 -- published and the events it consumed.
 
 -- name: PublishedEvents :many
-SELECT event_id, subject, event_type, event_time, sent_at
-FROM outbox
-WHERE sent_at IS NOT NULL;
+SELECT o.event_id, o.subject, o.event_type, o.event_time, s.sent_at
+FROM outbox o
+JOIN outbox_sent s ON s.id = o.id AND s.created_at = o.created_at;
 
 -- name: ConsumedEvents :many
 -- processed_at is the start of the transaction that claimed the event.

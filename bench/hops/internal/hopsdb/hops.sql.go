@@ -45,9 +45,9 @@ func (q *Queries) ConsumedEvents(ctx context.Context, db DBTX) ([]ConsumedEvents
 
 const publishedEvents = `-- name: PublishedEvents :many
 
-SELECT event_id, subject, event_type, event_time, sent_at
-FROM outbox
-WHERE sent_at IS NOT NULL
+SELECT o.event_id, o.subject, o.event_type, o.event_time, s.sent_at
+FROM outbox o
+JOIN outbox_sent s ON s.id = o.id AND s.created_at = o.created_at
 `
 
 type PublishedEventsRow struct {
@@ -55,7 +55,7 @@ type PublishedEventsRow struct {
 	Subject   string
 	EventType string
 	EventTime time.Time
-	SentAt    *time.Time
+	SentAt    time.Time
 }
 
 // Read by bench/hops: the times a service's database keeps of the events it

@@ -5,15 +5,13 @@
 -- Rows still in the outbox (sent rows are kept for the re-drive window) and
 -- those of them not yet published.
 SELECT
-    count(*)                                 AS total,
-    count(*) FILTER (WHERE sent_at IS NULL)  AS unsent
-FROM outbox;
+    (SELECT count(*) FROM outbox)        AS total,
+    (SELECT count(*) FROM outbox_unsent) AS unsent;
 
 -- name: ListUnsent :many
 -- The oldest unpublished rows, to name them in a violation.
 SELECT id, event_id, event_type, subject, created_at
-FROM outbox
-WHERE sent_at IS NULL
+FROM outbox_unsent
 ORDER BY id
 LIMIT @max_rows;
 

@@ -6,8 +6,7 @@
 -- (0 when there is none).
 SELECT count(*) AS unsent,
        coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds
-FROM outbox
-WHERE sent_at IS NULL;
+FROM outbox_unsent;
 
 -- name: ProcessedAt :many
 -- When @consumer processed each of @event_ids it has processed.

@@ -48,8 +48,7 @@ func (q *Queries) CountProcessed(ctx context.Context, db DBTX) ([]CountProcessed
 
 const listUnsent = `-- name: ListUnsent :many
 SELECT id, event_id, event_type, subject, created_at
-FROM outbox
-WHERE sent_at IS NULL
+FROM outbox_unsent
 ORDER BY id
 LIMIT $1
 `
@@ -129,9 +128,8 @@ func (q *Queries) MissingProcessed(ctx context.Context, db DBTX, arg MissingProc
 const outboxStats = `-- name: OutboxStats :one
 
 SELECT
-    count(*)                                 AS total,
-    count(*) FILTER (WHERE sent_at IS NULL)  AS unsent
-FROM outbox
+    (SELECT count(*) FROM outbox)        AS total,
+    (SELECT count(*) FROM outbox_unsent) AS unsent
 `
 
 type OutboxStatsRow struct {

@@ -16,8 +16,7 @@ const outboxLag = `-- name: OutboxLag :one
 
 SELECT count(*) AS unsent,
        coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds
-FROM outbox
-WHERE sent_at IS NULL
+FROM outbox_unsent
 `
 
 type OutboxLagRow struct {

@@ -13,30 +13,76 @@ import (
 )
 
 const claimUnsent = `-- name: ClaimUnsent :many
-WITH bounds AS MATERIALIZED (
-    SELECT
-        first.id AS lo,
-        (SELECT min(id) FROM outbox WHERE sent_at IS NULL AND id >= first.id + $1::bigint) IS NOT NULL AS more
+WITH checkpoint AS MATERIALIZED (
+    SELECT resume_id, resume_xmax, resume_xip
+    FROM outbox_sent
+    WHERE resume_id IS NOT NULL
+    ORDER BY resume_id DESC
+    LIMIT 1
+), base AS MATERIALIZED (
+    SELECT coalesce((SELECT resume_id FROM checkpoint), 0) AS pos,
+           (SELECT resume_xmax FROM checkpoint) AS xmax,
+           coalesce((SELECT resume_xip FROM checkpoint), '{}') AS xip
+), late AS MATERIALIZED (
+    SELECT c.id
     FROM (
-        SELECT min(id) AS id FROM outbox
-        WHERE sent_at IS NULL AND id NOT IN (SELECT unnest($2::bigint[]))
-    ) AS first
+        SELECT o.id, o.created_at FROM outbox o
+        WHERE o.id < (SELECT pos FROM base)
+          AND o.xact_id >= (SELECT xmax FROM base) AND o.xact_id < pg_snapshot_xmax(pg_current_snapshot())
+        UNION ALL
+        SELECT o.id, o.created_at FROM outbox o
+        WHERE o.id < (SELECT pos FROM base) AND o.xact_id = ANY((SELECT xip FROM base)::xid8[])
+    ) AS c
+    WHERE c.id NOT IN (SELECT unnest($1::bigint[]))
+      AND NOT EXISTS (SELECT 1 FROM outbox_sent s WHERE s.id = c.id AND s.created_at = c.created_at OFFSET 0)
+), head AS MATERIALIZED (
+    SELECT o.id FROM outbox o
+    WHERE o.id >= (SELECT pos FROM base)
+      AND o.id NOT IN (SELECT unnest($1::bigint[]))
+      AND NOT EXISTS (SELECT 1 FROM outbox_sent s WHERE s.id = o.id AND s.created_at = o.created_at OFFSET 0)
+    ORDER BY o.id
+    LIMIT 1
+), bounds AS MATERIALIZED (
+    SELECT w.lo, w.lo + $2::bigint AS hi,
+           EXISTS (SELECT 1 FROM late WHERE late.id >= w.lo + $2::bigint) AS behind
+    FROM (SELECT least((SELECT min(id) FROM late), (SELECT id FROM head)) AS lo) AS w
+    WHERE w.lo IS NOT NULL
+), next AS MATERIALIZED (
+    SELECT
+        bounds.behind OR EXISTS (
+            SELECT 1 FROM outbox o
+            WHERE o.id >= greatest(base.pos, bounds.hi)
+              AND o.id NOT IN (SELECT unnest($1::bigint[]))
+              AND NOT EXISTS (SELECT 1 FROM outbox_sent s WHERE s.id = o.id AND s.created_at = o.created_at OFFSET 0)
+            ORDER BY o.id
+            LIMIT 1
+        ) AS more,
+        greatest(base.pos, bounds.hi) AS resume_id,
+        CASE WHEN bounds.behind THEN base.xmax ELSE pg_snapshot_xmax(pg_current_snapshot()) END AS resume_xmax,
+        CASE WHEN bounds.behind THEN base.xip ELSE ARRAY(SELECT pg_snapshot_xip(pg_current_snapshot())) END AS resume_xip
+    FROM bounds, base
 )
-SELECT o.id, o.event_id, o.event_type, o.source, o.subject, o.nats_subject, o.event_time, o.data, o.traceparent, bounds.more::boolean AS more
+SELECT o.id, o.created_at, o.event_id, o.event_type, o.source, o.subject, o.nats_subject, o.event_time, o.data, o.traceparent,
+       next.more::boolean AS more,
+       next.resume_id::bigint AS resume_id,
+       next.resume_xmax::text::bigint AS resume_xmax,
+       ARRAY(SELECT x::text::bigint FROM unnest(next.resume_xip) AS x)::bigint[] AS resume_xip
 FROM bounds
-JOIN outbox o ON o.id >= bounds.lo AND o.id < bounds.lo + $1::bigint
-WHERE o.sent_at IS NULL
-  AND o.id NOT IN (SELECT unnest($2::bigint[]))
+CROSS JOIN next
+JOIN outbox o ON o.id >= bounds.lo AND o.id < bounds.hi
+WHERE o.id NOT IN (SELECT unnest($1::bigint[]))
+  AND NOT EXISTS (SELECT 1 FROM outbox_sent s WHERE s.id = o.id AND s.created_at = o.created_at OFFSET 0)
 ORDER BY o.id
 `
 
 type ClaimUnsentParams struct {
-	BatchSize int64
 	InFlight  []int64
+	BatchSize int64
 }
 
 type ClaimUnsentRow struct {
 	ID          int64
+	CreatedAt   time.Time
 	EventID     uuid.UUID
 	EventType   string
 	Source      string
@@ -46,30 +92,63 @@ type ClaimUnsentRow struct {
 	Data        []byte
 	Traceparent string
 	More        bool
+	ResumeID    int64
+	ResumeXmax  int64
+	ResumeXip   []int64
 }
 
 // The next batch: the unsent rows in id order from the lowest, leaving out
 // those in flight (published, not yet marked sent), within a window of
-// @batch_size ids; more tells whether unsent rows lie beyond the window.
+// @batch_size ids; more tells whether unsent rows lie beyond the window,
+// and resume_* is the position that the batch's mark records (MarkSent).
 //
-// The scan starts at the lowest unsent id, not after the last row claimed:
-// a row that commits late with a lower id must still go out before any
-// later event of its aggregate, which was written after it committed and so
-// is seen, in one statement, only together with it.
+// No row is updated when it is sent: a mark is a row of outbox_sent, so
+// there is no index of unsent rows. The relay finds them from the
+// position its latest mark recorded, read here in the same snapshot as the
+// marks: every row below resume_id whose transaction had finished at the
+// claim that computed it (xact_id below resume_xmax, not among
+// resume_xip) was sent by then. So the unsent rows are among
+//   - the rows from resume_id up, a range of the primary key in which only
+//     the rows in flight and those sent since are sent, a batch or two;
+//   - below it, the rows of transactions that had not finished, found by
+//     their xact_id (outbox_xact_idx): those that committed since, a round
+//     trip's writes or so, and those of transactions still open, whatever
+//     their age, each an index probe, instead of every row written since
+//     the oldest of them began.
 //
-// Both ends are index probes and the window a range of the partial index,
-// so the cost is that of a batch whatever the backlog and whatever the
-// planner believes of it (stale statistics of a growing outbox make an
-// ORDER BY id LIMIT read and sort every unsent row).
+// A transaction takes its row's id before it commits, so a row can commit
+// after rows with higher ids were sent: with a transaction id horizon it is
+// found without rechecking a window of ids below the position, which no
+// fixed width would make safe. It is published before later events of its
+// aggregate, which were written after it committed and so are seen, in one
+// statement, together with it: the window starts at the lowest of both.
 //
-// No row locks: the relay lock keeps other relays out, redrive writes no
-// unsent rows, and the maintenance drops no partition that holds one.
+// The position after this claim (resume_*): the ids below the window's end
+// (and below resume_id) are all sent, claimed or in flight, but for rows
+// that this statement does not see, whose transactions had not finished at
+// its snapshot; its snapshot's xmax and xip become the horizon. When rows
+// of the transactions below the position lie beyond the window (more than a
+// batch of them), the horizon stays, so that the next claim still sees
+// them.
 //
-// The outbox is partitioned by created_at (db/migrations/platform/00010);
-// ids are one identity across the partitions, so each end is a probe of
-// every partition's partial index, a handful of partitions.
+// Redrive deletes marks, positions included, sent since a time; the
+// positions left were recorded before every mark it deleted, so the rows
+// it makes unsent are found. With no position (a new database, one whose
+// marks were all dropped or redriven), the claim starts from the lowest id:
+// a scan of the rows kept that are sent, once.
+//
+// Each part is an index range or probe, so the cost is that of a batch
+// whatever the backlog and the table's size, and whatever the planner
+// believes of them; each mark is a probe of outbox_sent's primary key (the
+// OFFSET 0 keeps PostgreSQL from turning the check into an anti-join, which
+// could read the whole table). The relay runs it with a generic plan (see
+// TryRelayLock); both tables are partitioned by created_at, each probe one
+// of every partition, a handful.
+//
+// No row locks: the relay lock keeps other relays out, redrive only makes
+// rows unsent, and the maintenance drops no partition that holds one.
 func (q *Queries) ClaimUnsent(ctx context.Context, db DBTX, arg ClaimUnsentParams) ([]ClaimUnsentRow, error) {
-	rows, err := db.Query(ctx, claimUnsent, arg.BatchSize, arg.InFlight)
+	rows, err := db.Query(ctx, claimUnsent, arg.InFlight, arg.BatchSize)
 	if err != nil {
 		return nil, err
 	}
@@ -79,6 +158,7 @@ func (q *Queries) ClaimUnsent(ctx context.Context, db DBTX, arg ClaimUnsentParam
 		var i ClaimUnsentRow
 		if err := rows.Scan(
 			&i.ID,
+			&i.CreatedAt,
 			&i.EventID,
 			&i.EventType,
 			&i.Source,
@@ -88,6 +168,9 @@ func (q *Queries) ClaimUnsent(ctx context.Context, db DBTX, arg ClaimUnsentParam
 			&i.Data,
 			&i.Traceparent,
 			&i.More,
+			&i.ResumeID,
+			&i.ResumeXmax,
+			&i.ResumeXip,
 		); err != nil {
 			return nil, err
 		}
@@ -176,33 +259,59 @@ func (q *Queries) InsertEvents(ctx context.Context, db DBTX, arg InsertEventsPar
 }
 
 const markSent = `-- name: MarkSent :exec
-UPDATE outbox SET sent_at = clock_timestamp()
-WHERE id BETWEEN $1::bigint AND $2::bigint
-  AND id = ANY($3::bigint[])
+WITH t AS MATERIALIZED (
+    SELECT clock_timestamp() AS at
+), m AS (
+    -- Set-returning functions in one select list advance in lockstep.
+    SELECT unnest($2::bigint[]) AS id,
+           unnest($6::timestamptz[]) AS created_at,
+           generate_series(1, cardinality($2::bigint[])) AS ord
+)
+INSERT INTO outbox_sent (id, created_at, sent_at, resume_id, resume_xmax, resume_xip)
+SELECT m.id, m.created_at, t.at,
+       CASE WHEN $1::boolean AND m.ord = cardinality($2::bigint[]) THEN $3::bigint END,
+       CASE WHEN $1::boolean AND m.ord = cardinality($2::bigint[]) THEN ($4::bigint)::text::xid8 END,
+       CASE WHEN $1::boolean AND m.ord = cardinality($2::bigint[]) THEN ARRAY(SELECT x::text::xid8 FROM unnest($5::bigint[]) AS x) END
+FROM t, m
 `
 
 type MarkSentParams struct {
-	FirstID int64
-	LastID  int64
-	Ids     []int64
+	Resume     bool
+	Ids        []int64
+	ResumeID   int64
+	ResumeXmax int64
+	ResumeXip  []int64
+	CreatedAts []time.Time
 }
 
-// clock_timestamp(), not now(): the re-drive window is counted from the ack.
-// @ids are ascending; the range bounds the scan to the primary key range of
-// the batch, whatever the table's statistics make of the array. Rows in the
-// range but not in @ids (committed after the claim) are left alone.
+// Records the send of the acked rows @ids (ascending, with their
+// @created_ats) at clock_timestamp(), not now(): the re-drive window is
+// counted from the ack; one time for the statement, so that the position
+// that the last row carries when @resume is set (the whole batch was
+// acked) is no older than any mark it covers, and a redrive that deletes
+// one of them deletes the position too. An insert, never an update: no
+// dead tuple.
 func (q *Queries) MarkSent(ctx context.Context, db DBTX, arg MarkSentParams) error {
-	_, err := db.Exec(ctx, markSent, arg.FirstID, arg.LastID, arg.Ids)
+	_, err := db.Exec(ctx, markSent,
+		arg.Resume,
+		arg.Ids,
+		arg.ResumeID,
+		arg.ResumeXmax,
+		arg.ResumeXip,
+		arg.CreatedAts,
+	)
 	return err
 }
 
 const redrive = `-- name: Redrive :execrows
-UPDATE outbox SET sent_at = NULL WHERE sent_at >= $1::timestamptz
+DELETE FROM outbox_sent WHERE sent_at >= $1::timestamptz
 `
 
-// Marks rows sent at or after @since as unsent, so the relay publishes them
-// again: harmless, because broker dedup and the consumers' inbox absorb what
-// was already delivered.
+// Makes the rows sent at or after @since unsent, so the relay publishes
+// them again: harmless, because broker dedup and the consumers' inbox
+// absorb what was already delivered. It deletes their marks, and with them
+// the relay positions recorded since, so that the relay finds them (see
+// ClaimUnsent); rare, and the only delete from outbox_sent.
 func (q *Queries) Redrive(ctx context.Context, db DBTX, since time.Time) (int64, error) {
 	result, err := db.Exec(ctx, redrive, since)
 	if err != nil {
@@ -288,8 +397,7 @@ SELECT
     count(*)                                      AS unsent,
     coalesce(min(created_at), now())::timestamptz AS oldest_created_at,
     now()::timestamptz                            AS now
-FROM outbox
-WHERE sent_at IS NULL
+FROM outbox_unsent
 `
 
 type UnsentLagRow struct {
