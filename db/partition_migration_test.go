@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/db"
@@ -28,15 +26,8 @@ const lastUnpartitioned = 7
 func TestPartitioningMigratesADatabaseOfThePreviousRelease(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	d := testenv.NewDatabase(t, postgres.Schema{})
+	d, provider := testenv.NewPlatformDatabaseAt(t, lastUnpartitioned)
 	platform, err := db.Migrations(db.Platform)
-	require.NoError(t, err)
-	sqlDB := stdlib.OpenDBFromPool(d.Pool)
-	t.Cleanup(func() { _ = sqlDB.Close() })
-	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, platform,
-		goose.WithTableName("goose_platform_version"), goose.WithDisableGlobalRegistry(true))
-	require.NoError(t, err)
-	_, err = provider.UpTo(ctx, lastUnpartitioned)
 	require.NoError(t, err)
 
 	// Rows as the previous release wrote them: claims of events minted an

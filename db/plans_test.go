@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -146,6 +147,12 @@ func genericPlan(t *testing.T, pool *pgxpool.Pool, sql string) string {
 	args := strings.TrimSuffix(strings.Repeat("NULL, ", nparams), ", ")
 	rows, err := tx.Query(ctx, `EXPLAIN (COSTS OFF) EXECUTE set_based(`+args+`)`)
 	require.NoError(t, err)
+	return planText(t, rows)
+}
+
+// planText reads the lines of an EXPLAIN.
+func planText(t *testing.T, rows pgx.Rows) string {
+	t.Helper()
 	defer rows.Close()
 	var plan strings.Builder
 	for rows.Next() {

@@ -16,9 +16,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 	"github.com/testcontainers/testcontainers-go"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
+	"github.com/onceflow/onceflow/db"
 	"github.com/onceflow/onceflow/internal/localpg"
 	"github.com/onceflow/onceflow/internal/postgres"
 )
@@ -362,4 +365,28 @@ func (s *pgServer) close(ctx context.Context) error {
 
 func ident(name string) string {
 	return pgx.Identifier{name}.Sanitize()
+}
+
+// NewPlatformDatabaseAt returns a fresh database with the platform
+// migrations up to version, as a previous release left it, and the goose
+// provider that takes it further (UpTo, DownTo): for tests of migrations
+// on rows an older schema wrote.
+func NewPlatformDatabaseAt(t testing.TB, version int64) (*Database, *goose.Provider) {
+	t.Helper()
+	d := NewDatabase(t, postgres.Schema{})
+	platform, err := db.Migrations(db.Platform)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	sqlDB := stdlib.OpenDBFromPool(d.Pool)
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, platform,
+		goose.WithTableName("goose_platform_version"), goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	if _, err := provider.UpTo(context.Background(), version); err != nil {
+		t.Fatalf("testenv: migrate platform to %d: %v", version, err)
+	}
+	return d, provider
 }

@@ -120,12 +120,18 @@ WITH checkpoint AS MATERIALIZED (
     SELECT o.* FROM outbox o
     WHERE o.id BETWEEN (SELECT pos FROM base) AND (SELECT last FROM base)
     UNION ALL
+    -- Below it, the rows of the transactions that had finished since...
     SELECT o.* FROM outbox o
     WHERE o.id < (SELECT pos FROM base)
       AND o.xact_id >= (SELECT xmax FROM base) AND o.xact_id < pg_snapshot_xmax(pg_current_snapshot())
     UNION ALL
+    -- ...and of those that were open then. The range around the list
+    -- keeps a plan on outbox_xact_idx; see ClaimUnsent.
     SELECT o.* FROM outbox o
-    WHERE o.id < (SELECT pos FROM base) AND o.xact_id = ANY((SELECT xip FROM base)::xid8[])
+    WHERE o.id < (SELECT pos FROM base)
+      AND o.xact_id = ANY((SELECT xip FROM base)::xid8[])
+      AND o.xact_id >= (SELECT min(x) FROM unnest((SELECT xip FROM base)) AS x)
+      AND o.xact_id <= (SELECT max(x) FROM unnest((SELECT xip FROM base)) AS x)
 )
 SELECT c.id, c.event_id, c.event_type, c.source, c.subject, c.nats_subject, c.event_time, c.data, c.traceparent, c.created_at, c.xact_id
 FROM candidates c
