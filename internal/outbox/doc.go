@@ -8,15 +8,21 @@
 //     change it announces, so that both commit or neither does. Nothing is
 //     published inside a request.
 //   - Relay publishes committed rows to JetStream with Nats-Msg-Id = event id,
-//     waits for the acks, and only then marks the rows sent. It is woken by
-//     LISTEN/NOTIFY when it sleeps and polls as well, because a notification
-//     can be lost.
-//   - The table is partitioned by the time its rows were written; package
-//     partition drops a partition once every row in it was sent longer
-//     than the re-drive window ago (ids, and so the relay's order, span
-//     the partitions).
-//   - Redrive makes sent rows unsent again so that the relay republishes them.
-//
+//     waits for the acks, and only then marks the rows sent: it inserts a
+//     row per event into outbox_sent, and never updates or deletes an outbox
+//     row, so that neither table has dead tuples. It is woken by
+//     LISTEN/NOTIFY when it sleeps and polls as well, because a
+//     notification can be lost.
+//   - Both tables are partitioned by the time the outbox rows were written,
+//     with the same bounds; package partition drops a partition once every
+//     row in it was sent longer than the re-drive window ago, and
+//     outbox_sent's partition of the same range after it (ids, and so the
+//     relay's order, span the partitions).
+//   - Redrive deletes the marks of the rows sent since a time, so that the
+//     relay republishes them.
+//   - The view outbox_unsent lists the rows not yet sent (Lag, the console,
+//     the auditor).
+
 // How the relay works: the relay lock is a session-level advisory lock on
 // one pooled connection. Run takes it and keeps it for as long as it
 // publishes (a Flush called on its own, for as long as the flush); every
@@ -57,12 +63,21 @@
 // within milliseconds. A standby relay does not sleep this way: it learns
 // that the publishing relay is gone by polling.
 //
-// A claim starts at the lowest unsent id, never after the last row claimed.
-// A transaction that inserted a row with a lower id can commit after a claim
+// Finding the unsent rows without an index of them: each mark records, on
+// its batch's last row, the relay's position after the claim of that batch:
+// an id below which every row is sent, but for rows of transactions that had
+// not finished at that claim's snapshot (its xmax and its list of running
+// transaction ids; every outbox row carries its writer's transaction id,
+// xact_id, indexed). A claim reads the latest position and looks at the
+// rows from its id up and at the rows below it of those transactions, so
+// its cost is a batch's whatever the outbox holds. The claim starts at the
+// lowest unsent row so found, never after the last row claimed. A
+// transaction that inserted a row with a lower id can commit after a claim
 // has gone past that id; the next event of that row's aggregate is written
-// only after that commit (see Enqueue), so any claim that sees the next event
-// sees the late row too, and publishes it first.
-//
+// only after that commit (see Enqueue), so any claim that sees the next
+// event sees the late row too, and publishes it first. The query
+// (db/queries/outbox ClaimUnsent) explains the rest.
+
 // The relay's code, by concern: reference.go is the relay in its plain form,
 // PublishOne (one row, publish, mark), to read first; relay.go holds the
 // relay lock and the run loop; pipeline.go claims, settles and marks the batches; sleep.go (with

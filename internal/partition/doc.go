@@ -16,7 +16,10 @@
 // commit without waiting for their own flush: a step lost in a crash is
 // done again. An outbox partition is dropped only when every row in it
 // is sent and was sent longer than the re-drive window ago, checked under
-// that lock. Rows that arrive before their partition exists (a new
+// that lock. outbox_sent, where the relay records the sends, is
+// partitioned alike (Table.Sent): its partition of a range is made before
+// the outbox's and detached after it, each step in a transaction of its
+// own, so that no step holds both tables' locks. Rows that arrive before their partition exists (a new
 // database, a maintenance that fell behind) wait in the table's DEFAULT
 // partition and are moved into their partition when it is made.
 //
