@@ -159,9 +159,19 @@ func batchArgs(ctx context.Context, evs []event.Envelope) (_ dbsqlc.InsertEvents
 // It is the answer to a broker that lost acknowledged messages (an ack is not
 // an fsync). Republishing is harmless: the stream's duplicate window drops
 // what it still remembers, and the consumers' inbox absorbs the rest. Rows
-// in partitions already dropped (past the retention) are out of reach.
+// in partitions already dropped (past the retention) are out of reach. It
+// holds off the relay's marks (not its claims) until it commits.
 func Redrive(ctx context.Context, pool *pgxpool.Pool, since time.Time) (int64, error) {
-	n, err := dbsqlc.New().Redrive(ctx, pool, since)
+	var n int64
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		q := dbsqlc.New()
+		if err := q.LockMarks(ctx, tx); err != nil {
+			return err
+		}
+		var err error
+		n, err = q.Redrive(ctx, tx, since)
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("redrive outbox since %s: %w", since.Format(time.RFC3339), err)
 	}

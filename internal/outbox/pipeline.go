@@ -234,9 +234,10 @@ func (r *Relay) queueMark(m *marks, b *batch, acked int, err error) {
 
 // markOf is the mark of the first acked of rows, a claim's. It records the
 // position that the claim found only when every row of the claim was
-// acked: the position says that all of them are sent. A batch cut short
+// acked (the position says that all of them are sent; a batch cut short
 // leaves the position of the mark before it, from which the rows it did
-// not mark are found again.
+// not mark are found again), and, in MarkSent, only when no redrive came
+// since the claim (Epoch).
 func markOf(rows []dbsqlc.ClaimUnsentRow, acked int) dbsqlc.MarkSentParams {
 	m := dbsqlc.MarkSentParams{Ids: make([]int64, acked), CreatedAts: make([]time.Time, acked), ResumeXip: []int64{}}
 	for i, row := range rows[:acked] {
@@ -244,7 +245,7 @@ func markOf(rows []dbsqlc.ClaimUnsentRow, acked int) dbsqlc.MarkSentParams {
 	}
 	if acked > 0 && acked == len(rows) {
 		last := rows[0] // every row of a claim carries its position
-		m.Resume, m.ResumeID, m.ResumeXmax, m.ResumeXip = true, last.ResumeID, last.ResumeXmax, last.ResumeXip
+		m.Resume, m.ResumeID, m.ResumeXmax, m.ResumeXip, m.Epoch = true, last.ResumeID, last.ResumeXmax, last.ResumeXip, last.Epoch
 	}
 	return m
 }

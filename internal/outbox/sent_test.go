@@ -118,6 +118,50 @@ func TestRedriveRepublishesTheRowsSentSince(t *testing.T) {
 	}
 }
 
+// A redrive that comes between a claim and its mark: the position that
+// claim computed assumed sent the rows the redrive made unsent, and the mark
+// must not record it, or the relay would never find them.
+func TestARedriveBetweenAClaimAndItsMarkLosesNoRow(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := setup(t)
+	f.provision(t, 0)
+	published := countPublishes(t, f.nats, "orders.>")
+	var since time.Time
+	require.NoError(t, f.db.Pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&since))
+	first := make([]event.Envelope, 3)
+	for i := range first {
+		first[i] = newEvent(t, event.OrderPlaced, fmt.Sprintf("first-%d", i), 1)
+	}
+	enqueue(t, f.db.Pool, first...)
+	r := f.relay(outbox.RelayConfig{BatchSize: 8})
+	n, err := r.Flush(ctx)
+	require.NoError(t, err)
+	require.Equal(t, len(first), n)
+
+	second := newEvent(t, event.OrderPlaced, "second", 1)
+	enqueue(t, f.db.Pool, second)
+	redriven := false
+	outbox.SetAfterPublish(r, func() error {
+		if !redriven {
+			redriven = true
+			n, err := outbox.Redrive(ctx, f.db.Pool, since)
+			require.NoError(t, err)
+			require.EqualValues(t, len(first), n)
+		}
+		return nil
+	})
+	n, err = r.Flush(ctx)
+	require.NoError(t, err)
+	require.Equal(t, len(first)+1, n, "the second event, and the first ones again")
+	requireLag(t, r, 0)
+	counts := published()
+	for _, ev := range first {
+		require.Equal(t, 2, counts[ev.ID.String()], "publishes of a redriven event")
+	}
+	require.Equal(t, 1, counts[second.ID.String()])
+}
+
 // The relay never updates or deletes a row: after thousands of events
 // relayed with autovacuum off, the outbox and outbox_sent have no dead
 // tuple.

@@ -41,6 +41,19 @@ CREATE TABLE outbox_sent (
 ) PARTITION BY RANGE (created_at);
 
 CREATE INDEX outbox_sent_sent_at_idx ON outbox_sent (sent_at);
+
+-- One row per redrive (db/queries/outbox Redrive), written in its
+-- transaction: a relay position computed by a claim before a redrive
+-- assumes sent what the redrive made unsent, so a mark records its claim's
+-- position only when no redrive came in between (the latest id here is the
+-- same as at the claim).
+CREATE TABLE outbox_redrive (
+    id    bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    since timestamptz NOT NULL,
+    at    timestamptz NOT NULL DEFAULT now(),
+    -- The marks it deleted.
+    rows  bigint      NOT NULL
+);
 CREATE INDEX outbox_sent_resume_idx ON outbox_sent (resume_id) WHERE resume_id IS NOT NULL;
 
 -- One partition of outbox_sent per partition of the outbox, with its bounds.
@@ -236,6 +249,7 @@ $$;
 -- +goose StatementEnd
 
 DROP VIEW outbox_unsent;
+DROP TABLE outbox_redrive;
 ALTER TABLE outbox ADD COLUMN sent_at timestamptz;
 UPDATE outbox o SET sent_at = s.sent_at
 FROM outbox_sent s

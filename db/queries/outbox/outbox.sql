@@ -35,7 +35,8 @@ WHERE name = 'plan_cache_mode';
 -- The next batch: the unsent rows in id order from the lowest, leaving out
 -- those in flight (published, not yet marked sent), within a window of
 -- @batch_size ids; more tells whether unsent rows lie beyond the window,
--- and resume_* is the position that the batch's mark records (MarkSent).
+-- and resume_* is the position that the batch's mark records (MarkSent)
+-- unless a redrive came after this claim (epoch).
 --
 -- No row is updated when it is sent: a mark is a row of outbox_sent, so
 -- there is no index of unsent rows. The relay finds them from the
@@ -67,7 +68,10 @@ WHERE name = 'plan_cache_mode';
 --
 -- Redrive deletes marks, positions included, sent since a time; the
 -- positions left were recorded before every mark it deleted, so the rows
--- it makes unsent are found. With no position (a new database, one whose
+-- it makes unsent are found. A position computed before a redrive is not
+-- recorded after it: the mark compares epoch, the latest redrive at the
+-- claim, with the latest at the mark, and a redrive waits for the marks in
+-- progress and holds off new ones until it commits (LockMarks). With no position (a new database, one whose
 -- marks were all dropped or redriven), the claim starts from the lowest id:
 -- a scan of the rows kept that are sent, once.
 --
@@ -142,7 +146,8 @@ SELECT o.id, o.created_at, o.event_id, o.event_type, o.source, o.subject, o.nats
        next.more::boolean AS more,
        next.resume_id::bigint AS resume_id,
        next.resume_xmax::text::bigint AS resume_xmax,
-       ARRAY(SELECT x::text::bigint FROM unnest(next.resume_xip) AS x)::bigint[] AS resume_xip
+       ARRAY(SELECT x::text::bigint FROM unnest(next.resume_xip) AS x)::bigint[] AS resume_xip,
+       (SELECT coalesce(max(r.id), 0) FROM outbox_redrive r)::bigint AS epoch
 FROM bounds
 CROSS JOIN next
 JOIN outbox o ON o.id >= bounds.lo AND o.id < bounds.hi
@@ -155,11 +160,12 @@ ORDER BY o.id;
 -- @created_ats) at clock_timestamp(), not now(): the re-drive window is
 -- counted from the ack; one time for the statement, so that the position
 -- that the last row carries when @resume is set (the whole batch was
--- acked) is no older than any mark it covers, and a redrive that deletes
--- one of them deletes the position too. An insert, never an update: no
--- dead tuple.
+-- acked, and no redrive came since its claim: @epoch) is no older than
+-- any mark it covers, and a redrive that deletes one of them deletes the
+-- position too. An insert, never an update: no dead tuple.
 WITH t AS MATERIALIZED (
-    SELECT clock_timestamp() AS at
+    SELECT clock_timestamp() AS at,
+           @resume::boolean AND (SELECT coalesce(max(r.id), 0) FROM outbox_redrive r) = @epoch::bigint AS resumes
 ), m AS (
     -- Set-returning functions in one select list advance in lockstep.
     SELECT unnest(@ids::bigint[]) AS id,
@@ -168,9 +174,9 @@ WITH t AS MATERIALIZED (
 )
 INSERT INTO outbox_sent (id, created_at, sent_at, resume_id, resume_xmax, resume_xip)
 SELECT m.id, m.created_at, t.at,
-       CASE WHEN @resume::boolean AND m.ord = cardinality(@ids::bigint[]) THEN @resume_id::bigint END,
-       CASE WHEN @resume::boolean AND m.ord = cardinality(@ids::bigint[]) THEN (@resume_xmax::bigint)::text::xid8 END,
-       CASE WHEN @resume::boolean AND m.ord = cardinality(@ids::bigint[]) THEN ARRAY(SELECT x::text::xid8 FROM unnest(@resume_xip::bigint[]) AS x) END
+       CASE WHEN t.resumes AND m.ord = cardinality(@ids::bigint[]) THEN @resume_id::bigint END,
+       CASE WHEN t.resumes AND m.ord = cardinality(@ids::bigint[]) THEN (@resume_xmax::bigint)::text::xid8 END,
+       CASE WHEN t.resumes AND m.ord = cardinality(@ids::bigint[]) THEN ARRAY(SELECT x::text::xid8 FROM unnest(@resume_xip::bigint[]) AS x) END
 FROM t, m;
 
 -- name: UnsentLag :one
@@ -180,13 +186,28 @@ SELECT
     now()::timestamptz                            AS now
 FROM outbox_unsent;
 
--- name: Redrive :execrows
+-- name: LockMarks :exec
+-- Taken by a redrive before it deletes marks: it waits for the relay's marks
+-- in progress (their positions are then deleted with the marks they cover,
+-- if sent since the redrive's time) and holds off the next ones until it
+-- commits (which then see its outbox_redrive row; see MarkSent). Claims,
+-- which only read, go on.
+LOCK TABLE outbox_sent IN SHARE ROW EXCLUSIVE MODE;
+
+-- name: Redrive :one
 -- Makes the rows sent at or after @since unsent, so the relay publishes
 -- them again: harmless, because broker dedup and the consumers' inbox
 -- absorb what was already delivered. It deletes their marks, and with them
 -- the relay positions recorded since, so that the relay finds them (see
--- ClaimUnsent); rare, and the only delete from outbox_sent.
-DELETE FROM outbox_sent WHERE sent_at >= @since::timestamptz;
+-- ClaimUnsent); rare, and the only delete from outbox_sent. Run after
+-- LockMarks, in its transaction.
+WITH deleted AS (
+    DELETE FROM outbox_sent WHERE sent_at >= @since::timestamptz RETURNING 1
+), recorded AS (
+    INSERT INTO outbox_redrive (since, rows) SELECT @since::timestamptz, count(*) FROM deleted
+    RETURNING rows
+)
+SELECT rows FROM recorded;
 
 -- name: InsertEvents :exec
 -- Inserts a batch with one statement, in array order: the rows take their

@@ -74,7 +74,8 @@ SELECT o.id, o.created_at, o.event_id, o.event_type, o.source, o.subject, o.nats
        next.more::boolean AS more,
        next.resume_id::bigint AS resume_id,
        next.resume_xmax::text::bigint AS resume_xmax,
-       ARRAY(SELECT x::text::bigint FROM unnest(next.resume_xip) AS x)::bigint[] AS resume_xip
+       ARRAY(SELECT x::text::bigint FROM unnest(next.resume_xip) AS x)::bigint[] AS resume_xip,
+       (SELECT coalesce(max(r.id), 0) FROM outbox_redrive r)::bigint AS epoch
 FROM bounds
 CROSS JOIN next
 JOIN outbox o ON o.id >= bounds.lo AND o.id < bounds.hi
@@ -103,12 +104,14 @@ type ClaimUnsentRow struct {
 	ResumeID    int64
 	ResumeXmax  int64
 	ResumeXip   []int64
+	Epoch       int64
 }
 
 // The next batch: the unsent rows in id order from the lowest, leaving out
 // those in flight (published, not yet marked sent), within a window of
 // @batch_size ids; more tells whether unsent rows lie beyond the window,
-// and resume_* is the position that the batch's mark records (MarkSent).
+// and resume_* is the position that the batch's mark records (MarkSent)
+// unless a redrive came after this claim (epoch).
 //
 // No row is updated when it is sent: a mark is a row of outbox_sent, so
 // there is no index of unsent rows. The relay finds them from the
@@ -141,7 +144,10 @@ type ClaimUnsentRow struct {
 //
 // Redrive deletes marks, positions included, sent since a time; the
 // positions left were recorded before every mark it deleted, so the rows
-// it makes unsent are found. With no position (a new database, one whose
+// it makes unsent are found. A position computed before a redrive is not
+// recorded after it: the mark compares epoch, the latest redrive at the
+// claim, with the latest at the mark, and a redrive waits for the marks in
+// progress and holds off new ones until it commits (LockMarks). With no position (a new database, one whose
 // marks were all dropped or redriven), the claim starts from the lowest id:
 // a scan of the rows kept that are sent, once.
 //
@@ -179,6 +185,7 @@ func (q *Queries) ClaimUnsent(ctx context.Context, db DBTX, arg ClaimUnsentParam
 			&i.ResumeID,
 			&i.ResumeXmax,
 			&i.ResumeXip,
+			&i.Epoch,
 		); err != nil {
 			return nil, err
 		}
@@ -266,29 +273,45 @@ func (q *Queries) InsertEvents(ctx context.Context, db DBTX, arg InsertEventsPar
 	return err
 }
 
+const lockMarks = `-- name: LockMarks :exec
+LOCK TABLE outbox_sent IN SHARE ROW EXCLUSIVE MODE
+`
+
+// Taken by a redrive before it deletes marks: it waits for the relay's marks
+// in progress (their positions are then deleted with the marks they cover,
+// if sent since the redrive's time) and holds off the next ones until it
+// commits (which then see its outbox_redrive row; see MarkSent). Claims,
+// which only read, go on.
+func (q *Queries) LockMarks(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, lockMarks)
+	return err
+}
+
 const markSent = `-- name: MarkSent :exec
 WITH t AS MATERIALIZED (
-    SELECT clock_timestamp() AS at
+    SELECT clock_timestamp() AS at,
+           $5::boolean AND (SELECT coalesce(max(r.id), 0) FROM outbox_redrive r) = $6::bigint AS resumes
 ), m AS (
     -- Set-returning functions in one select list advance in lockstep.
-    SELECT unnest($2::bigint[]) AS id,
-           unnest($6::timestamptz[]) AS created_at,
-           generate_series(1, cardinality($2::bigint[])) AS ord
+    SELECT unnest($1::bigint[]) AS id,
+           unnest($7::timestamptz[]) AS created_at,
+           generate_series(1, cardinality($1::bigint[])) AS ord
 )
 INSERT INTO outbox_sent (id, created_at, sent_at, resume_id, resume_xmax, resume_xip)
 SELECT m.id, m.created_at, t.at,
-       CASE WHEN $1::boolean AND m.ord = cardinality($2::bigint[]) THEN $3::bigint END,
-       CASE WHEN $1::boolean AND m.ord = cardinality($2::bigint[]) THEN ($4::bigint)::text::xid8 END,
-       CASE WHEN $1::boolean AND m.ord = cardinality($2::bigint[]) THEN ARRAY(SELECT x::text::xid8 FROM unnest($5::bigint[]) AS x) END
+       CASE WHEN t.resumes AND m.ord = cardinality($1::bigint[]) THEN $2::bigint END,
+       CASE WHEN t.resumes AND m.ord = cardinality($1::bigint[]) THEN ($3::bigint)::text::xid8 END,
+       CASE WHEN t.resumes AND m.ord = cardinality($1::bigint[]) THEN ARRAY(SELECT x::text::xid8 FROM unnest($4::bigint[]) AS x) END
 FROM t, m
 `
 
 type MarkSentParams struct {
-	Resume     bool
 	Ids        []int64
 	ResumeID   int64
 	ResumeXmax int64
 	ResumeXip  []int64
+	Resume     bool
+	Epoch      int64
 	CreatedAts []time.Time
 }
 
@@ -296,36 +319,43 @@ type MarkSentParams struct {
 // @created_ats) at clock_timestamp(), not now(): the re-drive window is
 // counted from the ack; one time for the statement, so that the position
 // that the last row carries when @resume is set (the whole batch was
-// acked) is no older than any mark it covers, and a redrive that deletes
-// one of them deletes the position too. An insert, never an update: no
-// dead tuple.
+// acked, and no redrive came since its claim: @epoch) is no older than
+// any mark it covers, and a redrive that deletes one of them deletes the
+// position too. An insert, never an update: no dead tuple.
 func (q *Queries) MarkSent(ctx context.Context, db DBTX, arg MarkSentParams) error {
 	_, err := db.Exec(ctx, markSent,
-		arg.Resume,
 		arg.Ids,
 		arg.ResumeID,
 		arg.ResumeXmax,
 		arg.ResumeXip,
+		arg.Resume,
+		arg.Epoch,
 		arg.CreatedAts,
 	)
 	return err
 }
 
-const redrive = `-- name: Redrive :execrows
-DELETE FROM outbox_sent WHERE sent_at >= $1::timestamptz
+const redrive = `-- name: Redrive :one
+WITH deleted AS (
+    DELETE FROM outbox_sent WHERE sent_at >= $1::timestamptz RETURNING 1
+), recorded AS (
+    INSERT INTO outbox_redrive (since, rows) SELECT $1::timestamptz, count(*) FROM deleted
+    RETURNING rows
+)
+SELECT rows FROM recorded
 `
 
 // Makes the rows sent at or after @since unsent, so the relay publishes
 // them again: harmless, because broker dedup and the consumers' inbox
 // absorb what was already delivered. It deletes their marks, and with them
 // the relay positions recorded since, so that the relay finds them (see
-// ClaimUnsent); rare, and the only delete from outbox_sent.
+// ClaimUnsent); rare, and the only delete from outbox_sent. Run after
+// LockMarks, in its transaction.
 func (q *Queries) Redrive(ctx context.Context, db DBTX, since time.Time) (int64, error) {
-	result, err := db.Exec(ctx, redrive, since)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	row := db.QueryRow(ctx, redrive, since)
+	var rows int64
+	err := row.Scan(&rows)
+	return rows, err
 }
 
 const releaseRelayLocks = `-- name: ReleaseRelayLocks :exec
