@@ -22,7 +22,7 @@
 //     relay republishes them.
 //   - The view outbox_unsent lists the rows not yet sent (Lag, the console,
 //     the auditor).
-
+//
 // How the relay works: the relay lock is a session-level advisory lock on
 // one pooled connection. Run takes it and keeps it for as long as it
 // publishes (a Flush called on its own, for as long as the flush); every
@@ -77,7 +77,7 @@
 // only after that commit (see Enqueue), so any claim that sees the next
 // event sees the late row too, and publishes it first. The query
 // (db/queries/outbox ClaimUnsent) explains the rest.
-
+//
 // The relay's code, by concern: reference.go is the relay in its plain form,
 // PublishOne (one row, publish, mark), to read first; relay.go holds the
 // relay lock and the run loop; pipeline.go claims, settles and marks the batches; sleep.go (with

@@ -244,8 +244,8 @@ func markOf(rows []dbsqlc.ClaimUnsentRow, acked int) dbsqlc.MarkSentParams {
 		m.Ids[i], m.CreatedAts[i] = row.ID, row.CreatedAt
 	}
 	if acked > 0 && acked == len(rows) {
-		last := rows[0] // every row of a claim carries its position
-		m.Resume, m.ResumeID, m.ResumeXmax, m.ResumeXip, m.Epoch = true, last.ResumeID, last.ResumeXmax, last.ResumeXip, last.Epoch
+		claim := rows[0] // every row of a claim carries its position
+		m.Resume, m.ResumeID, m.ResumeXmax, m.ResumeXip, m.Epoch = true, claim.ResumeID, claim.ResumeXmax, claim.ResumeXip, claim.Epoch
 	}
 	return m
 }

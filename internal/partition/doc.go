@@ -19,9 +19,10 @@
 // that lock. outbox_sent, where the relay records the sends, is
 // partitioned alike (Table.Sent): its partition of a range is made before
 // the outbox's and detached after it, each step in a transaction of its
-// own, so that no step holds both tables' locks. Rows that arrive before their partition exists (a new
-// database, a maintenance that fell behind) wait in the table's DEFAULT
-// partition and are moved into their partition when it is made.
+// own, so that no step holds both tables' locks. Rows that arrive before
+// their partition exists (a new database, a maintenance that fell behind)
+// wait in the table's DEFAULT partition and are moved into their
+// partition when it is made.
 //
 // The inbox may drop a partition only because its consumers refuse an
 // event older than the retention (inbox.Config.Retention): Table.Retention
