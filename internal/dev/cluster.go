@@ -86,7 +86,7 @@ func (e *Env) startCluster(ctx context.Context, cfg Config, authConf string) err
 	if err != nil {
 		return err
 	}
-	clientPorts, routePorts, err := clusterPorts(cfg)
+	clientPorts, routePorts, err := clusterPorts(cfg, &e.ports)
 	if err != nil {
 		return err
 	}
@@ -128,9 +128,8 @@ func (e *Env) startCluster(ctx context.Context, cfg Config, authConf string) err
 }
 
 // clusterPorts returns the nodes' client and route ports: from
-// cfg.Ports.NATS on (4222, 4223, …; routes 6222, …), or free ones.
-func clusterPorts(cfg Config) (client, route []int, err error) {
-	var pool freeport.Pool
+// cfg.Ports.NATS on (4222, 4223, …; routes 6222, …), or free ones from pool.
+func clusterPorts(cfg Config, pool *freeport.Pool) (client, route []int, err error) {
 	for i := range cfg.ClusterNodes {
 		if cfg.Ports.NATS != 0 {
 			client = append(client, cfg.Ports.NATS+i)

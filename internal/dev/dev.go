@@ -21,6 +21,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/app"
 	"github.com/onceflow/onceflow/internal/auth"
+	"github.com/onceflow/onceflow/internal/freeport"
 	"github.com/onceflow/onceflow/internal/localpg"
 	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/registry"
@@ -187,6 +188,7 @@ type Env struct {
 	nats      *server.Server
 	tempDirs  []string
 	cluster   *localpg.Cluster
+	ports     freeport.Pool      // reserves the NATS cluster's free ports
 	container *postgresContainer // PostgreSQL in Docker, for want of an installation
 
 	cancel context.CancelFunc // ends the services
@@ -358,6 +360,7 @@ func (e *Env) stop(ctx context.Context) error {
 	for _, n := range e.NATSNodes {
 		n.stop()
 	}
+	errs = append(errs, e.ports.Close())
 	if e.cluster != nil {
 		errs = append(errs, e.cluster.Stop(ctx))
 	}

@@ -71,6 +71,7 @@ type Cluster struct {
 	port      int
 	args      []string            // of the postgres binary
 	cred      *syscall.Credential // nil unless running as root
+	ports     *freeport.Pool      // reserves port; nil if none was picked
 
 	mu      sync.Mutex
 	proc    *process // nil while the server is down
@@ -89,9 +90,15 @@ type process struct {
 // call Stop.
 func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Cluster, error) {
 	// A port from freeport, rather than one the kernel picks, stays free
-	// while Restart stops and starts the server on it.
-	var ports freeport.Pool
-	return startWith(ctx, cfg, logger, ports.Take)
+	// while Restart stops and starts the server on it; the Pool's
+	// reservation keeps it so until Stop.
+	ports := &freeport.Pool{}
+	c, err := startWith(ctx, cfg, logger, ports.Take)
+	if err != nil {
+		return nil, errors.Join(err, ports.Close())
+	}
+	c.ports = ports
+	return c, nil
 }
 
 // startWith is Start, with the ports it tries when cfg.Port is zero picked
@@ -451,15 +458,19 @@ func removeAbandoned(tmp string, logger *slog.Logger) {
 	}
 }
 
-// cleanup removes the cluster directory if Start created it.
+// cleanup gives up the port's reservation and removes the cluster directory
+// if Start created it.
 func (c *Cluster) cleanup() error {
-	if !c.removeDir {
-		return nil
+	var errs []error
+	if c.ports != nil {
+		errs = append(errs, c.ports.Close())
 	}
-	if err := os.RemoveAll(c.dir); err != nil {
-		return fmt.Errorf("remove cluster directory: %w", err)
+	if c.removeDir {
+		if err := os.RemoveAll(c.dir); err != nil {
+			errs = append(errs, fmt.Errorf("remove cluster directory: %w", err))
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // kill kills the postmaster's process group; its backends, each in a
