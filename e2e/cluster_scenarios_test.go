@@ -192,8 +192,8 @@ func TestClusterAtomicBatches(t *testing.T) {
 	killedDuring := watch.neverAcked(cutOff)
 	sys.observed.add("stream_leader_kill_during_atomic_batch", int64(killedDuring))
 	sys.observed.add("atomic_batches_refused_10201", int64(o.refusedDuplicate))
-	t.Logf("atomic batches: seen=%d stored=%d refused_duplicate_10201=%d failed=%d under_way_at_kills=%d cut_off=%d",
-		o.seen, o.stored, o.refusedDuplicate, o.failed, len(cutOff), killedDuring)
+	t.Logf("atomic batches: seen=%d stored=%d refused_duplicate_10201=%d failed=%d acked_before_commit_seen=%d under_way_at_kills=%d cut_off=%d",
+		o.seen, o.stored, o.refusedDuplicate, o.failed, o.ackedFirst, len(cutOff), killedDuring)
 	sys.verify(d, expect{})
 	sys.checkStoredOnce()
 	if killedDuring == 0 {

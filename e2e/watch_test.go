@@ -33,6 +33,20 @@ type publishWatch struct {
 	published []map[string]int // per node: publishes by Nats-Msg-Id
 	batches   map[string]*watchedBatch
 	byReply   map[string]*watchedBatch // by the commit's reply subject
+	// early holds the acks that arrived before their commit message, by
+	// reply subject. Each subscription has a delivery goroutine of its own,
+	// and the one of the saga's subjects, which carry every event, can run
+	// far behind the one of the replies on a loaded machine: in CI a run saw
+	// no batch refused because every refusal came before its commit.
+	early map[string]batchAck
+	// ackedFirst counts the batches whose ack came before their commit.
+	ackedFirst int
+}
+
+// batchAck is what an ack said of a batch.
+type batchAck struct {
+	stored  bool
+	errCode int
 }
 
 // watchedBatch is one atomic batch as the wire showed it.
@@ -48,13 +62,14 @@ type watchedBatch struct {
 // batchOutcomes counts atomic batches by what their acks said.
 type batchOutcomes struct {
 	seen, stored, refusedDuplicate, failed int
+	ackedFirst                             int // seen before their commit
 }
 
 // newPublishWatch subscribes on each of urls and unsubscribes when the test
 // ends.
 func newPublishWatch(t *testing.T, urls []string, opts ...nats.Option) *publishWatch {
 	t.Helper()
-	w := &publishWatch{batches: map[string]*watchedBatch{}, byReply: map[string]*watchedBatch{}}
+	w := &publishWatch{batches: map[string]*watchedBatch{}, byReply: map[string]*watchedBatch{}, early: map[string]batchAck{}}
 	for i, url := range urls {
 		w.published = append(w.published, map[string]int{})
 		nc, err := nats.Connect(url, append(slices.Clone(opts), nats.Name(fmt.Sprintf("e2e-watch-%d", i)), nats.MaxReconnects(-1),
@@ -108,31 +123,54 @@ func (w *publishWatch) publish(node int, m *nats.Msg) {
 	if m.Header.Get(jetstreamext.BatchCommitHeader) != "" && m.Reply != "" {
 		b.committed = true
 		w.byReply[m.Reply] = b
+		if ack, ok := w.early[m.Reply]; ok {
+			delete(w.early, m.Reply)
+			w.ackedFirst++
+			b.settle(ack)
+		}
 	}
 }
 
 func (w *publishWatch) reply(m *nats.Msg) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	b := w.byReply[m.Subject]
-	if b == nil || b.acked || b.errCode != 0 {
-		return
-	}
-	var ack struct {
+	var msg struct {
 		Stream string `json:"stream"`
 		Error  *struct {
 			ErrCode int `json:"err_code"`
 		} `json:"error"`
 	}
-	if err := json.Unmarshal(m.Data, &ack); err != nil {
+	if err := json.Unmarshal(m.Data, &msg); err != nil {
 		return // not an ack: an empty status message (no responders) or the like
 	}
+	var ack batchAck
 	switch {
-	case ack.Error != nil:
-		b.errCode = ack.Error.ErrCode
-	case ack.Stream != "":
-		b.acked = true
+	case msg.Error != nil:
+		ack.errCode = msg.Error.ErrCode
+	case msg.Stream != "":
+		ack.stored = true
+	default:
+		return
 	}
+	b := w.byReply[m.Subject]
+	if b == nil {
+		// Its commit is still on the way, or it is the ack of a message
+		// published on its own: kept, as the relays publish a few
+		// thousand messages in a scenario.
+		if _, ok := w.early[m.Subject]; !ok {
+			w.early[m.Subject] = ack
+		}
+		return
+	}
+	b.settle(ack)
+}
+
+// settle records the batch's first ack; every node delivers it.
+func (b *watchedBatch) settle(ack batchAck) {
+	if b.acked || b.errCode != 0 {
+		return
+	}
+	b.acked, b.errCode = ack.stored, ack.errCode
 }
 
 // openBatches returns the ids of the atomic batches to stream under way:
@@ -168,7 +206,7 @@ func (w *publishWatch) neverAcked(ids []string) int {
 func (w *publishWatch) outcomes() batchOutcomes {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var o batchOutcomes
+	o := batchOutcomes{ackedFirst: w.ackedFirst}
 	for _, b := range w.batches {
 		o.seen++
 		switch {
