@@ -23,6 +23,7 @@
 package freeport
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -52,8 +53,9 @@ type Pool struct {
 	// reservations only through the same Dir.
 	Dir string
 
-	mu   sync.Mutex
-	held map[int]*os.File // the reservations' locked files
+	mu      sync.Mutex
+	lockDir string           // Dir or DefaultDir, made by the first Take
+	held    map[int]*os.File // the reservations' locked files
 }
 
 // DefaultDir holds reservations unless Pool.Dir says otherwise. It is /tmp
@@ -68,26 +70,20 @@ const maxTries = 1000
 func (p *Pool) Take() (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.held == nil {
-		p.held = make(map[int]*os.File)
+	if p.lockDir == "" {
+		dir, err := makeDir(cmp.Or(p.Dir, DefaultDir))
+		if err != nil {
+			return 0, err
+		}
+		p.lockDir, p.held = dir, make(map[int]*os.File)
 	}
-	low, high := p.Low, p.High
-	if low == 0 {
-		low = Lowest
-	}
-	if high == 0 {
-		high = Highest
-	}
-	dir, err := p.dir()
-	if err != nil {
-		return 0, err
-	}
+	low, high := cmp.Or(p.Low, Lowest), cmp.Or(p.High, Highest)
 	for range maxTries {
 		port := low + rand.IntN(high-low+1)
 		if p.held[port] != nil {
 			continue
 		}
-		lock, err := reserve(dir, port)
+		lock, err := reserve(p.lockDir, port)
 		if err != nil {
 			return 0, err
 		}
@@ -117,13 +113,10 @@ func (p *Pool) Close() error {
 	return errors.Join(errs...)
 }
 
-// dir returns the reservations' directory, made if missing. Anybody may add
-// to it (mode 1777, as /tmp), since every user's Pools share the range.
-func (p *Pool) dir() (string, error) {
-	dir := p.Dir
-	if dir == "" {
-		dir = DefaultDir
-	}
+// makeDir makes the reservations' directory dir if missing and returns it.
+// Anybody may add to it (mode 1777, as /tmp), since every user's Pools
+// share the range.
+func makeDir(dir string) (string, error) {
 	switch err := os.Mkdir(dir, 0o700); {
 	case err == nil:
 		if err := os.Chmod(dir, 0o777|fs.ModeSticky); err != nil {
