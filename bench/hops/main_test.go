@@ -29,8 +29,9 @@ func TestHopsOfAConfirmedOrder(t *testing.T) {
 		id := uuid.New()
 		_, err := db.Pool.Exec(t.Context(), `WITH o AS (
 				INSERT INTO outbox (event_id, event_type, source, subject, nats_subject, event_time, data)
-				VALUES ($1, $2, 'test', $3, 'test', $4, '{}') RETURNING id, created_at)
-			INSERT INTO outbox_sent (id, created_at, sent_at) SELECT id, created_at, $5 FROM o`, id, string(typ), orderID, made, sent)
+				VALUES ($1, $2, 'test', $3, 'test', $4, '{}') RETURNING id, xact_id::text::bigint AS xid)
+			INSERT INTO outbox_batch (recorded_at, snap, upto, epoch, system_id)
+			SELECT $5, format('%s:%s:', xid + 1, xid + 1)::pg_snapshot, id, 0, 0 FROM o`, id, string(typ), orderID, made, sent)
 		require.NoError(t, err)
 		return id
 	}

@@ -154,24 +154,18 @@ func batchArgs(ctx context.Context, evs []event.Envelope) (_ dbsqlc.InsertEvents
 	return arg, end, nil
 }
 
-// Redrive marks every row sent at or after since as unsent again, so that the
-// relay publishes those events once more, and returns how many rows it marked.
-// It is the answer to a broker that lost acknowledged messages (an ack is not
-// an fsync). Republishing is harmless: the stream's duplicate window drops
+// Redrive moves the relay back to where it was at since, so that it
+// publishes once more every row acknowledged since then, and returns how
+// many rows it made unsent. It is the
+// answer to a broker that lost acknowledged messages (an ack is not an
+// fsync). Republishing is harmless: the stream's duplicate window drops
 // what it still remembers, and the consumers' inbox absorbs the rest. Rows
-// in partitions already dropped (past the retention) are out of reach. It
-// holds off the relay's marks (not its claims) until it commits.
+// in partitions already dropped (past the retention) are out of reach; a
+// partition is not dropped while a redrive runs. The relay's position is
+// found by the order in which positions were recorded, not by the clock
+// that stamped them. It does not wait for the relay.
 func Redrive(ctx context.Context, pool *pgxpool.Pool, since time.Time) (int64, error) {
-	var n int64
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		q := dbsqlc.New()
-		if err := q.LockMarks(ctx, tx); err != nil {
-			return err
-		}
-		var err error
-		n, err = q.Redrive(ctx, tx, since)
-		return err
-	})
+	n, err := dbsqlc.New().Redrive(ctx, pool, since)
 	if err != nil {
 		return 0, fmt.Errorf("redrive outbox since %s: %w", since.Format(time.RFC3339), err)
 	}

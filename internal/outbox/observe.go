@@ -68,7 +68,7 @@ func traceEnqueue(ctx context.Context, ev event.Envelope, subject string) (_ eve
 // the consumers' spans are its children. A relay without a TracerProvider
 // starts no span, and msg carries the trace context the row was written
 // with, which is what a no-op span would put there.
-func (r *Relay) startSend(ctx context.Context, row dbsqlc.ClaimUnsentRow, msg *nats.Msg) trace.Span {
+func (r *Relay) startSend(ctx context.Context, row dbsqlc.ClaimRow, msg *nats.Msg) trace.Span {
 	ctx, span := r.tracer.Start(telemetry.ContextWithTraceParent(ctx, row.Traceparent), "send "+row.NatsSubject,
 		trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(messagingAttrs(row.EventID.String(), row.EventType, row.Subject, row.NatsSubject)...))

@@ -20,10 +20,52 @@ import (
 // marks the one before it and hands out the one after.
 const pipelineDepth = 2
 
+// position is what the relay's claims cover (see outbox_batch in
+// db/migrations/platform/00013): every outbox row with an id up to upto
+// whose transaction is visible in the snapshot snap, and those up to
+// spanDone visible in spanSnap, the snapshot of the span being published
+// (up to spanUpto; closed when spanDone is spanUpto).
+type position struct {
+	snap               string // pg_snapshots, as text
+	upto               int64
+	spanSnap           string
+	spanUpto, spanDone int64
+	epoch              int64 // the latest redrive when the claims began; see recordedPosition
+	systemID           int64 // the cluster's, recorded with it
+}
+
+// recordedPosition as a position's epoch makes the next claim start from the
+// recorded position, as the first claim of every flush does: whatever the
+// flushes before did not record is claimed again.
+const recordedPosition = -1
+
+// nothingCovered is the snapshot of the position that covers no row (what
+// outbox_position returns when nothing was recorded).
+const nothingCovered = "1:1:"
+
+// after is the position that covers the first acked rows of a claim and
+// what p covered: the claim's span up to the last of them, or, when they
+// are the span's last rows, the span itself.
+func after(rows []dbsqlc.ClaimRow, acked int, systemID int64) position {
+	c := rows[0] // every row carries its claim's position and span
+	p := position{snap: c.Snap, upto: c.Upto, spanSnap: c.SpanSnap, spanUpto: c.SpanUpto,
+		spanDone: rows[acked-1].ID, epoch: c.Epoch, systemID: systemID}
+	if acked == len(rows) && c.Closes {
+		p.snap, p.upto, p.spanDone = c.SpanSnap, c.SpanUpto, c.SpanUpto
+	}
+	return p
+}
+
+func (p position) record() dbsqlc.RecordBatchParams {
+	return dbsqlc.RecordBatchParams{Snap: p.snap, Upto: p.upto, SpanSnap: p.spanSnap, SpanUpto: p.spanUpto,
+		SpanDone: p.spanDone, Epoch: p.epoch, SystemID: p.systemID}
+}
+
 // batch is one claim of rows on its way through the relay: published in id
-// order, then, once its acks are in, marked sent.
+// order, then, once its acks are in, recorded as sent.
 type batch struct {
-	rows []dbsqlc.ClaimUnsentRow
+	rows     []dbsqlc.ClaimRow
+	systemID int64
 	// published is closed once the publisher is done with the batch; the
 	// fields below are the publisher's until then.
 	published chan struct{}
@@ -59,7 +101,7 @@ type batch struct {
 // next claim, in one round trip: under load a batch costs one round trip,
 // and when the outbox runs dry the claim that finds nothing carries the last
 // mark.
-func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn, op sleepOp, rest bool) (total int, asleep bool, err error) {
+func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn, systemID int64, op sleepOp, rest bool) (total int, asleep bool, err error) {
 	// Batches in flight are finished even when ctx is canceled: their
 	// messages may already be in the stream and should be marked sent.
 	work := context.WithoutCancel(ctx)
@@ -72,7 +114,7 @@ func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn, op sleepOp, rest 
 	defer close(claimed)
 
 	f := &flushRun{r: r, conn: conn, work: work, claimed: claimed, op: op, rest: rest,
-		more: true, asleep: op == wakeUp, first: true}
+		pos: position{snap: nothingCovered, spanSnap: nothingCovered, epoch: recordedPosition, systemID: systemID}, more: true, asleep: op == wakeUp, first: true}
 	for {
 		f.claimAhead(ctx)
 		if len(f.inFlight) == 0 {
@@ -99,6 +141,7 @@ type flushRun struct {
 	rest    bool
 
 	inFlight []*batch // claimed, not yet settled, oldest first
+	pos      position // after the last claim: what the batches so far cover
 	marks    marks    // of the batches settled since the last round trip
 	more     bool     // unsent rows may lie beyond the last claim
 	claimErr error
@@ -114,7 +157,7 @@ type flushRun struct {
 func (f *flushRun) claimAhead(ctx context.Context) {
 	for (f.more || f.marks.queued()) && f.claimErr == nil && len(f.inFlight) < pipelineDepth && ctx.Err() == nil {
 		lock := f.nextLock()
-		rows, slept, err := f.r.claim(f.work, f.conn, f.inFlight, &f.marks, lock)
+		rows, slept, err := f.r.claim(f.work, f.conn, f.pos, &f.marks, lock)
 		f.total += f.r.marked(&f.marks, err)
 		if err != nil {
 			// Finish what is in flight first: the connection may
@@ -134,8 +177,10 @@ func (f *flushRun) claimAhead(ctx context.Context) {
 			f.more = false
 			return
 		}
-		f.more = rows[0].More
-		b := &batch{rows: rows, published: make(chan struct{})}
+		// A full batch may have more behind it; the next claim tells.
+		f.more = len(rows) == f.r.cfg.BatchSize
+		b := &batch{rows: rows, systemID: f.pos.systemID, published: make(chan struct{})}
+		f.pos = after(rows, len(rows), f.pos.systemID)
 		f.inFlight = append(f.inFlight, b)
 		f.claimed <- b // never blocks: the channel holds pipelineDepth
 	}
@@ -193,61 +238,43 @@ func (f *flushRun) finish(ctx context.Context) (int, bool, error) {
 	return f.total, f.asleep, nil
 }
 
-// claim returns the next batch of unsent rows in id order, leaving out the
-// rows of the batches in flight; lock's statement and the queued marks go
-// ahead of it, and for goToSleep, slept reports whether the session got the
-// sleep lock. Each row tells whether more unsent rows lie beyond the batch.
-func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn, inFlight []*batch, m *marks, lock sleepOp) (rows []dbsqlc.ClaimUnsentRow, slept bool, err error) {
-	n := 0
-	for _, b := range inFlight {
-		n += len(b.rows)
-	}
-	ids := make([]int64, 0, n)
-	for _, b := range inFlight {
-		ids = appendIDs(ids, b.rows)
-	}
+// claim returns the next batch of unsent rows in id order, the lowest ids
+// that pos does not cover; lock's statement and the queued marks go ahead of
+// it, and for goToSleep, slept reports whether the session got the sleep
+// lock. Every row carries the position after the claim.
+func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn, pos position, m *marks, lock sleepOp) (rows []dbsqlc.ClaimRow, slept bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.dbTimeout())
 	defer cancel()
 	var locked int64
-	rows, err = r.queries.ClaimUnsent(ctx, r.pipeline(m, lock, &locked).Then(conn), dbsqlc.ClaimUnsentParams{InFlight: ids, BatchSize: int64(r.cfg.BatchSize)})
+	rows, err = r.queries.Claim(ctx, r.pipeline(m, lock, &locked).Then(conn), dbsqlc.ClaimParams{
+		Snap: pos.snap, Upto: pos.upto, SpanSnap: pos.spanSnap, SpanUpto: pos.spanUpto, SpanDone: pos.spanDone,
+		Epoch: pos.epoch, BatchSize: int64(r.cfg.BatchSize),
+	})
 	if err != nil {
 		return nil, false, fmt.Errorf("claim outbox rows: %w", err)
 	}
 	return rows, locked == 1, nil
 }
 
-// marks are the marks of settled batches, queued to go to the database with
-// the next statement on the relay's connection.
+// marks are the positions of settled batches, queued to go to the database
+// with the next statement on the relay's connection.
 type marks []settled
 
-// settled is a batch whose acks are in: its acked rows are to be marked
-// sent, and err cut it short.
+// settled is a batch whose acks are in: rows of its first rows were
+// acknowledged, and err cut it short.
 type settled struct {
-	mark dbsqlc.MarkSentParams // of the acked rows, the batch's first ones
-	err  error
+	rows   int
+	record dbsqlc.RecordBatchParams // what covers them; unused without rows
+	err    error
 }
 
-// queueMark queues on m the mark of b's first acked rows.
+// queueMark queues on m the position that covers b's first acked rows.
 func (r *Relay) queueMark(m *marks, b *batch, acked int, err error) {
-	*m = append(*m, settled{mark: markOf(b.rows, acked), err: err})
-}
-
-// markOf is the mark of the first acked of rows, a claim's. It records the
-// position that the claim found only when every row of the claim was
-// acked (the position says that all of them are sent; a batch cut short
-// leaves the position of the mark before it, from which the rows it did
-// not mark are found again), and, in MarkSent, only when no redrive came
-// since the claim (Epoch).
-func markOf(rows []dbsqlc.ClaimUnsentRow, acked int) dbsqlc.MarkSentParams {
-	m := dbsqlc.MarkSentParams{Ids: make([]int64, acked), CreatedAts: make([]time.Time, acked), ResumeXip: []int64{}}
-	for i, row := range rows[:acked] {
-		m.Ids[i], m.CreatedAts[i] = row.ID, row.CreatedAt
+	s := settled{rows: acked, err: err}
+	if acked > 0 {
+		s.record = after(b.rows, acked, b.systemID).record()
 	}
-	if acked > 0 && acked == len(rows) {
-		claim := rows[0] // every row of a claim carries its position
-		m.Resume, m.ResumeID, m.ResumeXmax, m.ResumeXip, m.Epoch = true, claim.ResumeID, claim.ResumeXmax, claim.ResumeXip, claim.Epoch
-	}
-	return m
+	*m = append(*m, s)
 }
 
 // pipeline returns the queued marks as statements, after lock's. For
@@ -264,18 +291,11 @@ func (r *Relay) pipeline(m *marks, lock sleepOp, slept *int64) *postgres.Pipelin
 		_ = r.queries.ReleaseSleepLock(context.Background(), &p, sleepLockKey)
 	}
 	for _, b := range *m {
-		if len(b.mark.Ids) > 0 {
-			_ = r.queries.MarkSent(context.Background(), &p, b.mark)
+		if b.rows > 0 {
+			_ = r.queries.RecordBatch(context.Background(), &p, b.record)
 		}
 	}
 	return &p
-}
-
-func appendIDs(ids []int64, rows []dbsqlc.ClaimUnsentRow) []int64 {
-	for _, row := range rows {
-		ids = append(ids, row.ID)
-	}
-	return ids
 }
 
 func (m *marks) queued() bool { return len(*m) > 0 }
@@ -287,7 +307,7 @@ func (m *marks) queued() bool { return len(*m) > 0 }
 func (r *Relay) marked(m *marks, err error) int {
 	n := 0
 	for _, b := range *m {
-		acked := len(b.mark.Ids)
+		acked := b.rows
 		if err != nil {
 			acked, b.err = 0, fmt.Errorf("mark outbox rows sent: %w", err)
 		}

@@ -87,7 +87,7 @@ func (r *Relay) publishRows(ctx context.Context, b *batch) error {
 
 // publishEach publishes rows, the last of b, one message at a time without
 // waiting for their acks.
-func (r *Relay) publishEach(ctx context.Context, b *batch, rows []dbsqlc.ClaimUnsentRow) error {
+func (r *Relay) publishEach(ctx context.Context, b *batch, rows []dbsqlc.ClaimRow) error {
 	b.futures = make([]jetstream.PubAckFuture, 0, len(rows))
 	for _, row := range rows {
 		msg, err := r.nextMessage(ctx, b, row)
@@ -107,7 +107,7 @@ func (r *Relay) publishEach(ctx context.Context, b *batch, rows []dbsqlc.ClaimUn
 // (jetstreamext, ADR-50): every message but the last as a plain NATS
 // publish, the last with the commit, whose ack stands for the batch. It
 // waits for that ack, and counts the rows stored.
-func (r *Relay) publishAtomic(ctx context.Context, b *batch, rows []dbsqlc.ClaimUnsentRow) error {
+func (r *Relay) publishAtomic(ctx context.Context, b *batch, rows []dbsqlc.ClaimRow) error {
 	msgs := make([]*nats.Msg, len(rows))
 	for i, row := range rows {
 		msg, err := r.nextMessage(ctx, b, row)
@@ -130,7 +130,7 @@ func (r *Relay) publishAtomic(ctx context.Context, b *batch, rows []dbsqlc.Claim
 
 // nextMessage makes the message of row, the next of b, and marks b
 // attempted; it fails when row cannot be sent or ctx is done.
-func (r *Relay) nextMessage(ctx context.Context, b *batch, row dbsqlc.ClaimUnsentRow) (*nats.Msg, error) {
+func (r *Relay) nextMessage(ctx context.Context, b *batch, row dbsqlc.ClaimRow) (*nats.Msg, error) {
 	if ctx.Err() != nil {
 		return nil, fmt.Errorf("publish event %s: halted", row.EventID)
 	}
@@ -149,7 +149,7 @@ func (r *Relay) nextMessage(ctx context.Context, b *batch, row dbsqlc.ClaimUnsen
 // event id (see event.Envelope.Msg), which the broker deduplicates on. The
 // subject is the one the row was written with, so that the subject an event
 // travels on is decided once, at Enqueue.
-func message(row dbsqlc.ClaimUnsentRow) (*nats.Msg, error) {
+func message(row dbsqlc.ClaimRow) (*nats.Msg, error) {
 	env := event.Envelope{
 		ID:          row.EventID,
 		Type:        event.Type(row.EventType),

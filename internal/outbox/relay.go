@@ -157,8 +157,9 @@ func (r *Relay) Run(ctx context.Context) error {
 // the lock go on an error (the connection may be what failed) and when Run
 // returns; a standby relay takes over when its session ends.
 type leader struct {
-	r    *Relay
-	conn *pgxpool.Conn // whose session holds the relay lock; nil without it
+	r        *Relay
+	conn     *pgxpool.Conn // whose session holds the relay lock; nil without it
+	systemID int64         // the cluster's, while conn is set
 }
 
 // flushed is what one of Run's flushes did.
@@ -173,16 +174,16 @@ type flushed struct {
 // op and rest are relay's.
 func (ld *leader) flush(ctx context.Context, op sleepOp, rest bool) flushed {
 	if ld.conn == nil {
-		conn, err := ld.r.lead(ctx)
+		conn, systemID, err := ld.r.lead(ctx)
 		if conn == nil {
 			return flushed{err: err}
 		}
-		ld.conn = conn
+		ld.conn, ld.systemID = conn, systemID
 	}
 	var sent int
 	var asleep bool
 	err := panics.Recover(func() (err error) {
-		sent, asleep, err = ld.r.relay(ctx, ld.conn, op, rest)
+		sent, asleep, err = ld.r.relay(ctx, ld.conn, ld.systemID, op, rest)
 		return err
 	})
 	if stack := panics.Stack(err); stack != nil {
@@ -217,37 +218,59 @@ func (r *Relay) Flush(ctx context.Context) (int, error) {
 
 // flush is Flush that also reports whether it held the relay lock.
 func (r *Relay) flush(ctx context.Context) (sent int, locked bool, err error) {
-	conn, err := r.lead(ctx)
+	conn, systemID, err := r.lead(ctx)
 	if conn == nil {
 		return 0, false, err
 	}
 	defer r.unlock(conn)
-	sent, _, err = r.relay(ctx, conn, stayAwake, false)
+	sent, _, err = r.relay(ctx, conn, systemID, stayAwake, false)
 	return sent, true, err
 }
 
-// lead returns a pooled connection whose session holds the relay lock, or
-// nil when another relay holds it (and err is nil) or on an error. The
-// caller hands it back with unlock.
-func (r *Relay) lead(ctx context.Context) (*pgxpool.Conn, error) {
+// lead returns a pooled connection whose session holds the relay lock, and
+// the cluster's identity, or nil when another relay holds it (and err is
+// nil) or on an error. The caller hands it back with unlock.
+func (r *Relay) lead(ctx context.Context) (*pgxpool.Conn, int64, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return nil, r.failed(fmt.Errorf("acquire outbox connection: %w", err))
+		return nil, 0, r.failed(fmt.Errorf("acquire outbox connection: %w", err))
 	}
-	locked, err := r.queries.TryRelayLock(ctx, conn, r.cfg.LockKey)
+	l, err := r.queries.TryRelayLock(ctx, conn, r.cfg.LockKey)
 	if err != nil {
 		// Whether the lock was taken is unknown: the session must end.
 		r.closeConn(conn)
-		return nil, r.failed(fmt.Errorf("outbox relay lock: %w", err))
+		return nil, 0, r.failed(fmt.Errorf("outbox relay lock: %w", err))
 	}
-	if !locked {
+	if !l.Locked {
 		conn.Release()
-		return nil, nil // another relay is publishing
+		return nil, 0, nil // another relay is publishing
 	}
-	return conn, nil
+	if l.Changed != "" {
+		if err := r.startOver(ctx, conn, l.Changed); err != nil {
+			r.unlock(conn)
+			return nil, 0, r.failed(err)
+		}
+	}
+	return conn, l.SystemID, nil
+}
+
+// startOver starts the relay over from the rows, on a database whose
+// recorded position is another cluster's (a restored or cloned database, a
+// promoted logical replica; why says which): its transaction ids say
+// nothing here, so every row kept is published again.
+func (r *Relay) startOver(ctx context.Context, conn *pgxpool.Conn, why string) error {
+	ctx, cancel := context.WithTimeout(ctx, r.dbTimeout())
+	defer cancel()
+	n, err := r.queries.StartOver(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("outbox relay position: %s; start over: %w", why, err)
+	}
+	r.logger.WarnContext(ctx, "outbox relay starts over: every row kept is published again, the consumers' inbox absorbs the copies",
+		"reason", why, "rows", n)
+	return nil
 }
 
 // Lag reports the unsent rows and the age of the oldest, measured on the

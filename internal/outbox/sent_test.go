@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"testing"
@@ -118,9 +119,10 @@ func TestRedriveRepublishesTheRowsSentSince(t *testing.T) {
 	}
 }
 
-// A redrive that comes between a claim and its mark: the position that
-// claim computed assumed sent the rows the redrive made unsent, and the mark
-// must not record it, or the relay would never find them.
+// A redrive that comes between a claim and its record: the position that
+// claim computed assumed sent the rows the redrive made unsent, and must
+// not count once recorded, or the relay would never find them. The batch
+// in flight is published again with them.
 func TestARedriveBetweenAClaimAndItsMarkLosesNoRow(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -153,18 +155,18 @@ func TestARedriveBetweenAClaimAndItsMarkLosesNoRow(t *testing.T) {
 	})
 	n, err = r.Flush(ctx)
 	require.NoError(t, err)
-	require.Equal(t, len(first)+1, n, "the second event, and the first ones again")
+	require.Equal(t, 1+len(first)+1, n, "the second event, then the first ones and it again")
 	requireLag(t, r, 0)
 	counts := published()
 	for _, ev := range first {
 		require.Equal(t, 2, counts[ev.ID.String()], "publishes of a redriven event")
 	}
-	require.Equal(t, 1, counts[second.ID.String()])
+	require.Equal(t, 2, counts[second.ID.String()], "the batch in flight at the redrive")
 }
 
 // The relay never updates or deletes a row: after thousands of events
-// relayed with autovacuum off, the outbox and outbox_sent have no dead
-// tuple.
+// relayed with autovacuum off, the outbox and outbox_batch, where the relay
+// records its positions, have no dead tuple.
 func TestRelayingLeavesNoDeadTuples(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -172,13 +174,14 @@ func TestRelayingLeavesNoDeadTuples(t *testing.T) {
 	f.provision(t, 0)
 	parts := func() []string {
 		return column[string](t, f.db, `SELECT c.oid::regclass::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-			WHERE i.inhparent IN ('outbox'::regclass, 'outbox_sent'::regclass) ORDER BY 1`)
+			WHERE i.inhparent = 'outbox'::regclass UNION ALL SELECT 'outbox_batch' ORDER BY 1`)
 	}
 	for _, p := range parts() {
 		_, err := f.db.Pool.Exec(ctx, `ALTER TABLE `+pgx.Identifier{p}.Sanitize()+` SET (autovacuum_enabled = off)`)
 		require.NoError(t, err)
 	}
 
+	before := column[int64](t, f.db, `SELECT count(*) FROM outbox_batch`)[0]
 	r := f.relay(outbox.RelayConfig{BatchSize: 256})
 	const rounds, perRound = 20, 150
 	total := 0
@@ -198,15 +201,19 @@ func TestRelayingLeavesNoDeadTuples(t *testing.T) {
 	// Each backend reports its counts when it goes idle, a second or more
 	// apart (pg_stat_force_next_flush flushes only its caller's): the test
 	// waits until every row written is counted.
-	var rows, dead, updated, deleted int64
+	var rows, positions, dead, updated, deleted int64
 	names := parts()
+	recorded := column[int64](t, f.db, `SELECT count(*) FROM outbox_batch`)[0] - before
 	require.Eventually(t, func() bool {
 		err := f.db.Pool.QueryRow(ctx, `
-			SELECT coalesce(sum(n_tup_ins), 0)::bigint, coalesce(sum(n_dead_tup), 0)::bigint,
+			SELECT coalesce(sum(n_tup_ins) FILTER (WHERE relname <> 'outbox_batch'), 0)::bigint,
+			       coalesce(sum(n_tup_ins) FILTER (WHERE relname = 'outbox_batch'), 0)::bigint,
+			       coalesce(sum(n_dead_tup), 0)::bigint,
 			       coalesce(sum(n_tup_upd), 0)::bigint, coalesce(sum(n_tup_del), 0)::bigint
-			FROM pg_stat_user_tables WHERE relname = ANY($1)`, names).Scan(&rows, &dead, &updated, &deleted)
-		return err == nil && rows == 2*rounds*perRound
-	}, time.Minute, 100*time.Millisecond, "the outbox's rows and their marks counted")
+			FROM pg_stat_user_tables WHERE relname = ANY($1)`, names).Scan(&rows, &positions, &dead, &updated, &deleted)
+		return err == nil && rows == rounds*perRound && positions == recorded
+	}, time.Minute, 100*time.Millisecond, "the outbox's rows and the positions counted")
+	require.LessOrEqual(t, recorded, int64(rounds*(perRound/256+2)), "a position per batch, not per row")
 	require.Zero(t, dead, "dead tuples")
 	require.Zero(t, updated)
 	require.Zero(t, deleted)
@@ -216,10 +223,11 @@ func TestRelayingLeavesNoDeadTuples(t *testing.T) {
 // outbox rows sent with an UPDATE of sent_at.
 const lastBeforeSent = 11
 
-// A database filled by the release that updated sent_at migrates to
-// outbox_sent: the rows it sent stay sent, with their times (a redrive
-// still finds them), the relay publishes the unsent ones and only them,
-// and rows written after the migration follow.
+// A database filled by the release that updated sent_at migrates to the
+// relay's positions: the rows it sent stay sent, the relay publishes the
+// unsent ones and only them, and rows written after the migration follow.
+// A redrive to before the migration republishes every row it kept: the
+// times of its sends are not kept, only that they happened before it.
 func TestOutboxSentMigratesADatabaseOfThePreviousRelease(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -241,7 +249,6 @@ func TestOutboxSentMigratesADatabaseOfThePreviousRelease(t *testing.T) {
 
 	require.NoError(t, postgres.Migrate(ctx, d.Pool, postgres.Schema{{Name: db.Platform, FS: platform}}, slog.New(slog.DiscardHandler)))
 	require.Equal(t, []int64{5, 7, 8}, column[int64](t, d, `SELECT id FROM outbox_unsent ORDER BY id`))
-	require.Equal(t, []int64{1, 2, 3, 4, 6}, column[int64](t, d, `SELECT id FROM outbox_sent ORDER BY id`))
 	after := newEvent(t, event.OrderPlaced, "order-after", 1)
 	enqueue(t, d.Pool, after)
 
@@ -257,13 +264,55 @@ func TestOutboxSentMigratesADatabaseOfThePreviousRelease(t *testing.T) {
 	want := map[string]int{evs[4].ID.String(): 1, evs[6].ID.String(): 1, evs[7].ID.String(): 1, after.ID.String(): 1}
 	require.Equal(t, want, published())
 
-	// A redrive of the last 7 minutes republishes row 6 and the rows sent
-	// since the migration.
 	redriven, err := outbox.Redrive(ctx, d.Pool, time.Now().Add(-7*time.Minute))
 	require.NoError(t, err)
-	require.EqualValues(t, 5, redriven)
+	require.EqualValues(t, len(evs)+1, redriven)
 	sent, err = r.Flush(ctx)
 	require.NoError(t, err)
-	require.Equal(t, 5, sent)
-	require.Equal(t, 1, published()[evs[5].ID.String()])
+	require.Equal(t, len(evs)+1, sent)
+	require.Equal(t, 1, published()[evs[0].ID.String()], "sent before the migration, and again")
+	require.Equal(t, 2, published()[after.ID.String()], "sent after the migration, and again")
+}
+
+// A producer in flight while 00012 ran: its row was inserted before that
+// migration read the outbox and committed while it waited for its lock,
+// so it took xact_id 0 below the position 00012 recorded, and was never
+// sent. 00013 locks the outbox before it reads it and makes every row that
+// no mark names unsent: the row is published.
+func TestTheRowOfAProducerInFlightDuring00012IsPublished(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	d, provider := testenv.NewPlatformDatabaseAt(t, lastBeforeSent)
+	enqueue(t, d.Pool, newEvent(t, event.OrderPlaced, "order-before", 1))
+	_, err := d.Pool.Exec(ctx, `UPDATE outbox SET sent_at = now()`)
+	require.NoError(t, err)
+
+	producer := testenv.Begin(t, d.Pool)
+	inFlight := newEvent(t, event.OrderPlaced, "order-in-flight", 1)
+	_, err = producer.Exec(ctx, `INSERT INTO outbox (event_id, event_type, source, subject, nats_subject, event_time, data)
+		VALUES ($1, 'OrderPlaced', 'test', 'order-in-flight', 'orders.placed.v1', now(), '{}')`, inFlight.ID)
+	require.NoError(t, err)
+	// A row with a higher id, committed and sent before 00012 runs.
+	enqueue(t, d.Pool, newEvent(t, event.OrderPlaced, "order-after", 1))
+	_, err = d.Pool.Exec(ctx, `UPDATE outbox SET sent_at = now() WHERE sent_at IS NULL`)
+	require.NoError(t, err)
+	migrated := make(chan error, 1)
+	go func() {
+		_, err := provider.UpTo(context.WithoutCancel(ctx), 12)
+		migrated <- err
+	}()
+	// 00012 has read the outbox and recorded its position, and waits for
+	// the producer's lock to add xact_id.
+	require.Eventually(t, func() bool {
+		return column[int64](t, d, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%ADD COLUMN xact_id%'`)[0] == 1
+	}, 30*time.Second, 10*time.Millisecond, "00012 waiting for the producer")
+	require.NoError(t, producer.Commit(ctx))
+	require.NoError(t, <-migrated)
+	require.Empty(t, column[int64](t, d, `SELECT id FROM outbox_unsent`), "00012 lost the row")
+	require.Equal(t, []string{"0"}, column[string](t, d, `SELECT xact_id::text FROM outbox WHERE subject = 'order-in-flight'`))
+
+	_, err = provider.UpTo(ctx, 13)
+	require.NoError(t, err)
+	require.Equal(t, []string{"order-in-flight"}, column[string](t, d, `SELECT subject FROM outbox_unsent`))
 }

@@ -45,9 +45,14 @@ func (q *Queries) ConsumedEvents(ctx context.Context, db DBTX) ([]ConsumedEvents
 
 const publishedEvents = `-- name: PublishedEvents :many
 
-SELECT o.event_id, o.subject, o.event_type, o.event_time, s.sent_at
+SELECT o.event_id, o.subject, o.event_type, o.event_time, s.recorded_at AS sent_at
 FROM outbox o
-JOIN outbox_sent s ON s.id = o.id AND s.created_at = o.created_at
+CROSS JOIN LATERAL (
+    SELECT b.recorded_at FROM outbox_batch b
+    WHERE b.recorded_at >= o.created_at AND b.upto >= o.id AND pg_visible_in_snapshot(o.xact_id, b.snap)
+    ORDER BY b.recorded_at
+    LIMIT 1
+) AS s
 `
 
 type PublishedEventsRow struct {
@@ -60,6 +65,8 @@ type PublishedEventsRow struct {
 
 // Read by bench/hops: the times a service's database keeps of the events it
 // published and the events it consumed.
+// sent_at is when the first batch that covers the row was recorded: after
+// its ack, and after the row was written.
 func (q *Queries) PublishedEvents(ctx context.Context, db DBTX) ([]PublishedEventsRow, error) {
 	rows, err := db.Query(ctx, publishedEvents)
 	if err != nil {
