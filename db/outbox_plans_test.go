@@ -16,12 +16,13 @@ import (
 )
 
 // TestTheRelayReadsABatchWhateverTheOutboxHolds runs the relay's claim
-// (ClaimUnsent, with a generic plan as the relay runs it) and the view of
-// unsent rows on an outbox of many sent rows and a few unsent, with a
-// position recorded by a mark and a transaction open at it whose rows lie
-// below it, and requires that no step of either reads more rows than about
-// a batch: an index of unsent rows no longer exists, and a plan that finds
-// them by reading the sent ones would cost the whole table at every claim.
+// (Claim, with a generic plan as the relay runs it) and the view of unsent
+// rows on an outbox of many sent rows and a few unsent, with a position
+// recorded while a transaction whose rows lie below it was open, and with a
+// span open in a backlog, and requires that no step of either reads more
+// rows than about a batch: there is no index of unsent rows, and a plan
+// that finds them by reading the sent ones would cost the whole table at
+// every claim.
 func TestTheRelayReadsABatchWhateverTheOutboxHolds(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -33,19 +34,19 @@ func TestTheRelayReadsABatchWhateverTheOutboxHolds(t *testing.T) {
 		require.NoError(t, err)
 	}
 	// The late transaction's rows first (the lowest ids), then the rest,
-	// then the marks of all but the last unsent, the last of them with
-	// the position past them and the late transaction open at it.
+	// then a position past all but the last unsent rows, recorded while the
+	// late transaction was open.
 	exec(`INSERT INTO outbox (event_id, event_type, source, subject, nats_subject, event_time, data)
 		SELECT gen_random_uuid(), 't', 's', 'late', 'orders.placed.v1', now(), '{}' FROM generate_series(1, 5)`)
 	exec(`INSERT INTO outbox (event_id, event_type, source, subject, nats_subject, event_time, data)
 		SELECT gen_random_uuid(), 't', 's', 'order-' || n, 'orders.placed.v1', now(), '{}' FROM generate_series(1, ` + strconv.Itoa(sent+unsent) + `) AS n`)
-	exec(`INSERT INTO outbox_sent (id, created_at, sent_at, resume_id, resume_xmax, resume_xip)
-		SELECT id, created_at, now(),
-		       CASE WHEN id = last THEN last + 1 END,
-		       CASE WHEN id = last THEN pg_snapshot_xmax(pg_current_snapshot()) END,
-		       CASE WHEN id = last THEN ARRAY[(SELECT xact_id FROM outbox WHERE id = 1)] END
-		FROM outbox, (SELECT ` + strconv.Itoa(sent) + ` + 5 AS last) AS l
-		WHERE id BETWEEN 6 AND last`)
+	record := func(spanUpto, spanDone string) {
+		exec(`INSERT INTO outbox_batch (snap, upto, span_snap, span_upto, span_done, epoch, system_id)
+			SELECT s, ` + strconv.Itoa(sent+5) + `, s, ` + spanUpto + `, ` + spanDone + `, 0, outbox_system_id()
+			FROM (SELECT format('%s:%s:%s', l.x, pg_snapshot_xmax(pg_current_snapshot()), l.x)::pg_snapshot AS s
+			      FROM (SELECT xact_id AS x FROM outbox WHERE id = 1) AS l) AS p`)
+	}
+	record(strconv.Itoa(sent+5), strconv.Itoa(sent+5))
 	exec(`ANALYZE`)
 
 	conn, err := pool.Acquire(ctx)
@@ -53,13 +54,12 @@ func TestTheRelayReadsABatchWhateverTheOutboxHolds(t *testing.T) {
 	defer conn.Release()
 	_, err = conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`)
 	require.NoError(t, err)
-	claim := strings.NewReplacer("@in_flight", "$1", "@batch_size", "$2").Replace(queryOf(t, "outbox", "ClaimUnsent"))
+	claim := strings.NewReplacer("@epoch", "$1", "@snap", "$2", "@upto", "$3", "@span_snap", "$4",
+		"@span_upto", "$5", "@span_done", "$6", "@batch_size", "$7").Replace(queryOf(t, "outbox", "Claim"))
 	_, err = conn.Exec(ctx, `PREPARE claim AS `+claim)
 	require.NoError(t, err)
-	for name, sql := range map[string]string{
-		"ClaimUnsent": `EXECUTE claim('{}', ` + strconv.Itoa(batch) + `)`,
-		"UnsentLag":   queryOf(t, "outbox", "UnsentLag"),
-	} {
+	readsABatch := func(name, sql string) {
+		t.Helper()
 		plan := explainAnalyze(ctx, t, conn, sql)
 		for _, m := range regexp.MustCompile(`(?:actual rows=|Rows Removed by Filter: )(\d+)`).FindAllStringSubmatch(plan, -1) {
 			n, err := strconv.Atoi(m[1])
@@ -68,6 +68,14 @@ func TestTheRelayReadsABatchWhateverTheOutboxHolds(t *testing.T) {
 		}
 		require.Contains(t, plan, "rows=", name)
 	}
+	recorded := `EXECUTE claim(-1, '1:1:', 0, '1:1:', 0, 0, ` + strconv.Itoa(batch) + `)`
+	readsABatch("Claim", recorded)
+	readsABatch("UnsentLag", queryOf(t, "outbox", "UnsentLag"))
+
+	// A span open over the backlog: the claim reads on from where it is.
+	record(strconv.Itoa(sent+unsent+5), strconv.Itoa(sent+100))
+	readsABatch("Claim in a span", recorded)
+	readsABatch("UnsentLag in a span", queryOf(t, "outbox", "UnsentLag"))
 }
 
 // queryOf is the text of the query name in db/queries/dir, without its

@@ -72,8 +72,8 @@ func TestDatabaseCrash(t *testing.T) {
 }
 
 // crashHold is a transaction per service database that holds locks the
-// service's next writes need: outbox_sent (the relay claims without
-// locking, publishes, and then waits to mark the rows sent) and, in
+// service's next writes need: outbox_batch (the relay claims without
+// locking, publishes, and then waits to record its position) and, in
 // payment's, every wallet (the next debit waits inside its inbox
 // transaction).
 type crashHold struct {
@@ -107,16 +107,17 @@ func (sys *system) holdForCrash(ctx context.Context) (*crashHold, error) {
 	return h, nil
 }
 
-// lock takes outbox_sent, so that the relays' next marks (inserts) wait,
-// and the wallets written since the last call. SHARE: the relays' claims
-// read outbox_sent all the same, and publish; the lock waits only for a
-// mark in progress, whose transaction takes no other lock the hold has.
+// lock takes outbox_batch, so that the relays' next records (inserts)
+// wait, and the wallets written since the last call. SHARE: the relays'
+// claims read outbox_batch all the same, and publish; the lock waits only
+// for a record in progress, whose transaction takes no other lock the hold
+// has.
 // SKIP LOCKED: a wallet a service is writing is left to it, so the hold
 // never waits for a service there (and never deadlocks with one); it takes
 // it on a later call.
 func (h *crashHold) lock(ctx context.Context) error {
 	for kind, tx := range h.txs {
-		if _, err := tx.Exec(ctx, `LOCK TABLE outbox_sent IN SHARE MODE`); err != nil {
+		if _, err := tx.Exec(ctx, `LOCK TABLE outbox_batch IN SHARE MODE`); err != nil {
 			return fmt.Errorf("hold %s outbox: %w", kind, err)
 		}
 		if kind == "payment" {
@@ -129,14 +130,14 @@ func (h *crashHold) lock(ctx context.Context) error {
 }
 
 // held counts the service sessions waiting for the hold's locks: relays
-// marking rows sent, and the other writes (handlers; not the partition
-// maintenance, which waits for outbox_sent too). A wait counts only
+// recording their positions, and the other writes (handlers; not the
+// partition maintenance, whose pruning waits for outbox_batch too). A wait counts only
 // when its statement began less than 5s ago, so that the services'
 // statement timeout (10s) cannot end it before the crash that follows.
 func (h *crashHold) held(ctx context.Context) (relays, writes int64, err error) {
 	err = h.sys.pg.admin.QueryRow(ctx, `
-		SELECT count(*) FILTER (WHERE query LIKE '%INSERT INTO outbox_sent%'),
-		       count(*) FILTER (WHERE query NOT LIKE '%INSERT INTO outbox_sent%' AND query NOT LIKE '%partition\_%')
+		SELECT count(*) FILTER (WHERE query LIKE '%INSERT INTO outbox_batch%'),
+		       count(*) FILTER (WHERE query NOT LIKE '%outbox_batch%' AND query NOT LIKE '%partition\_%')
 		FROM pg_stat_activity
 		WHERE datname = ANY($1) AND pg_blocking_pids(pid) && $2::int[]
 		  AND query_start > now() - interval '5 seconds'`,

@@ -28,10 +28,10 @@ func TestHopsOfAConfirmedOrder(t *testing.T) {
 	publish := func(db *testenv.Database, orderID string, typ event.Type, made, sent time.Time) uuid.UUID {
 		id := uuid.New()
 		_, err := db.Pool.Exec(t.Context(), `WITH o AS (
-				INSERT INTO outbox (event_id, event_type, source, subject, nats_subject, event_time, data)
-				VALUES ($1, $2, 'test', $3, 'test', $4, '{}') RETURNING id, xact_id::text::bigint AS xid)
-			INSERT INTO outbox_batch (recorded_at, snap, upto, epoch, system_id)
-			SELECT $5, format('%s:%s:', xid + 1, xid + 1)::pg_snapshot, id, 0, 0 FROM o`, id, string(typ), orderID, made, sent)
+				INSERT INTO outbox (event_id, event_type, source, subject, nats_subject, event_time, data, created_at)
+				VALUES ($1, $2, 'test', $3, 'test', $4, '{}', $4) RETURNING id, xact_id::text::bigint AS xid)
+			INSERT INTO outbox_batch (recorded_at, snap, upto, span_snap, span_upto, span_done, epoch, system_id)
+			SELECT $5, s, id, s, id, id, 0, 0 FROM o, CAST(format('%s:%s:', xid + 1, xid + 1) AS pg_snapshot) AS s`, id, string(typ), orderID, made, sent)
 		require.NoError(t, err)
 		return id
 	}

@@ -72,6 +72,7 @@ func TestALateCommitBelowThePositionIsFound(t *testing.T) {
 	for id, c := range counts {
 		require.Equal(t, 1, c, "publishes of %s", id)
 	}
+	requireOracle(t, f.db, counts)
 }
 
 // Redrive makes the rows sent since a time unsent, below the relay's

@@ -84,4 +84,5 @@ func TestConcurrentProducersWithLateCommitsLoseNothing(t *testing.T) {
 		assert.NoError(c, err)
 		assert.Zero(c, lag.Unsent)
 	}, 10*time.Second, 20*time.Millisecond, "every row marked sent")
+	requireOracle(t, f.db, published())
 }

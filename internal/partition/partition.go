@@ -6,9 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -44,15 +44,9 @@ type Table struct {
 	// Retention: a partition whose upper bound is older than it is dropped.
 	Retention time.Duration
 	// SentOnly keeps an outbox partition while it holds a row unsent or sent
-	// less than Retention ago.
+	// less than Retention ago, and prunes the relay's positions older than
+	// Retention.
 	SentOnly bool
-	// Sent, when set, is the table that records the sends of Name's rows,
-	// partitioned by the same key with the same bounds and names
-	// (outbox_sent_pX beside outbox_pX). Its partition of a range is made
-	// before Name's and detached after Name's went, each in a transaction
-	// of its own, so that no step holds locks of both tables, and a row of
-	// Name always has the partition its send goes to.
-	Sent string
 }
 
 func (t Table) validate() error {
@@ -204,14 +198,13 @@ func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
 			res.Kept++
 		}
 	}
-	sentDropped := 0
-	if t.Sent != "" {
-		if sentDropped, err = m.dropSent(ctx, t, now); err != nil {
+	if res.Dropped > 0 {
+		if err := m.dropDetached(ctx, t); err != nil {
 			return res, err
 		}
 	}
-	if res.Dropped > 0 || sentDropped > 0 {
-		if err := m.dropDetached(ctx, t); err != nil {
+	if t.SentOnly {
+		if err := m.prunePositions(ctx, t); err != nil {
 			return res, err
 		}
 	}
@@ -220,90 +213,61 @@ func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
 	return res, nil
 }
 
-// create makes the partition r of t, and first, for a table with Sent, the
-// partition of t.Sent of the same range (false: it existed). Made first, so
-// that the sends of r's rows never wait in t.Sent's DEFAULT partition.
+// create makes the partition r of t (false: it existed).
 func (m *Maintainer) create(ctx context.Context, t Table, r span, now time.Time) (bool, error) {
-	tables := []string{t.Name}
-	if t.Sent != "" {
-		tables = []string{t.Sent, t.Name}
-	}
-	var created bool
-	for _, name := range tables {
-		ok, err := m.step(ctx, name, "create", func(lockTimeout string) (bool, error) {
-			return m.queries.CreatePartition(ctx, m.pool, dbsqlc.CreatePartitionParams{
-				Parent: name, Key: t.Key, Lo: r.lo, Hi: r.hi, LockTimeout: lockTimeout,
-				Exclusive: r.lo.Before(now.Add(t.Accepts)),
-			})
+	ok, err := m.step(ctx, t.Name, "create", func(lockTimeout string) (bool, error) {
+		return m.queries.CreatePartition(ctx, m.pool, dbsqlc.CreatePartitionParams{
+			Parent: t.Name, Key: t.Key, Lo: r.lo, Hi: r.hi, LockTimeout: lockTimeout,
+			Exclusive: r.lo.Before(now.Add(t.Accepts)),
 		})
-		if err != nil {
-			return false, fmt.Errorf("create partition of %s from %s: %w", name, r.lo.Format(time.RFC3339), err)
-		}
-		created = ok
+	})
+	if err != nil {
+		return false, fmt.Errorf("create partition of %s from %s: %w", t.Name, r.lo.Format(time.RFC3339), err)
 	}
-	return created, nil
+	return ok, nil
 }
 
-// dropSent detaches the partitions of t.Sent past the retention whose
-// partition of t is gone (dropped in this round, or in one that stopped
-// before it came to this), each in a transaction of its own: the relay
-// takes outbox_sent's locks before the outbox's, so a step that locked
-// both could deadlock with it. The sends recorded there are of rows that
-// are gone. It returns how many it detached.
-func (m *Maintainer) dropSent(ctx context.Context, t Table, now time.Time) (int, error) {
-	sent, err := m.queries.Partitions(ctx, m.pool, t.Sent)
-	if err != nil {
-		return 0, fmt.Errorf("list partitions of %s: %w", t.Sent, err)
-	}
-	parts, err := m.queries.Partitions(ctx, m.pool, t.Name)
-	if err != nil {
-		return 0, fmt.Errorf("list partitions of %s: %w", t.Name, err)
-	}
-	kept := make(map[string]bool, len(parts))
-	for _, p := range parts {
-		kept[t.Sent+strings.TrimPrefix(p.Name, t.Name)] = true
-	}
-	dropped := 0
-	for _, p := range expired(t, sent, now) {
-		if kept[p.Name] {
-			continue
-		}
-		ok, err := m.step(ctx, t.Sent, "drop", func(lockTimeout string) (bool, error) {
-			return m.queries.DropPartition(ctx, m.pool, dbsqlc.DropPartitionParams{Parent: t.Sent, Part: p.Name, LockTimeout: lockTimeout})
-		})
-		if err != nil {
-			return dropped, fmt.Errorf("drop partition %s: %w", p.Name, err)
-		}
-		if ok {
-			dropped++
-		}
-	}
-	return dropped, nil
-}
-
+// drop detaches part of t, for the outbox only when every row in it was sent
+// longer than the retention ago, in a READ COMMITTED transaction whatever the
+// session's default: the check under the table's lock must see what
+// committed while it waited for it (partition_drop refuses otherwise).
 func (m *Maintainer) drop(ctx context.Context, t Table, part, lockTimeout string) (bool, error) {
 	if !t.SentOnly {
 		return m.queries.DropPartition(ctx, m.pool, dbsqlc.DropPartitionParams{Parent: t.Name, Part: part, LockTimeout: lockTimeout})
 	}
-	return m.queries.DropSentPartition(ctx, m.pool, dbsqlc.DropSentPartitionParams{
-		Parent: t.Name, Part: part, LockTimeout: lockTimeout,
-		Retention: pgtype.Interval{Microseconds: t.Retention.Microseconds(), Valid: true},
+	var dropped bool
+	err := pgx.BeginTxFunc(ctx, m.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		var err error
+		dropped, err = m.queries.DropSentPartition(ctx, tx, dbsqlc.DropSentPartitionParams{
+			Parent: t.Name, Part: part, LockTimeout: lockTimeout,
+			Retention: pgtype.Interval{Microseconds: t.Retention.Microseconds(), Valid: true},
+		})
+		return err
 	})
+	return dropped, err
 }
 
-// dropDetached drops the partitions of t (and of t.Sent) that drops
-// detached, under no lock that the table's writers take.
+// dropDetached drops the partitions of t that drops detached, under no lock
+// that the table's writers take.
 func (m *Maintainer) dropDetached(ctx context.Context, t Table) error {
-	for _, name := range []string{t.Name, t.Sent} {
-		if name == "" {
-			continue
-		}
-		start := time.Now()
-		_, err := m.queries.DropDetached(ctx, m.pool, name)
-		m.cfg.Observer.Step(name, "drop_detached", time.Since(start), err)
-		if err != nil {
-			return fmt.Errorf("drop detached partitions of %s: %w", name, err)
-		}
+	start := time.Now()
+	_, err := m.queries.DropDetached(ctx, m.pool, t.Name)
+	m.cfg.Observer.Step(t.Name, "drop_detached", time.Since(start), err)
+	if err != nil {
+		return fmt.Errorf("drop detached partitions of %s: %w", t.Name, err)
+	}
+	return nil
+}
+
+// prunePositions deletes the relay's positions older than the retention, but
+// the one a redrive to then would go back to, and the relay's own: a few
+// rows an interval, for one DELETE.
+func (m *Maintainer) prunePositions(ctx context.Context, t Table) error {
+	start := time.Now()
+	_, err := m.queries.PruneOutboxPositions(ctx, m.pool, pgtype.Interval{Microseconds: t.Retention.Microseconds(), Valid: true})
+	m.cfg.Observer.Step("outbox_batch", "prune", time.Since(start), err)
+	if err != nil {
+		return fmt.Errorf("prune the outbox relay's positions: %w", err)
 	}
 	return nil
 }

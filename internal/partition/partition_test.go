@@ -2,7 +2,6 @@ package partition_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/inbox"
+	"github.com/onceflow/onceflow/internal/outbox"
 	"github.com/onceflow/onceflow/internal/partition"
 	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
@@ -139,25 +139,43 @@ func TestOutboxPartitionsGoOnlyWhenSentPastTheRetention(t *testing.T) {
 		_, err := e.db.Pool.Exec(t.Context(), sql)
 		require.NoError(t, err)
 	}
-	send := func(ago, which string) {
-		exec(`INSERT INTO outbox_sent (id, created_at, sent_at)
-			SELECT id, created_at, now() - interval '` + ago + `' FROM outbox WHERE ` + which)
+	// A position of the relay, recorded ago, that covers the rows up to upto
+	// (a subquery), as the relay records it after their acks.
+	record := func(ago, upto string) {
+		exec(`INSERT INTO outbox_batch (recorded_at, snap, upto, span_snap, span_upto, span_done, epoch, system_id)
+			SELECT now() - interval '` + ago + `', pg_current_snapshot(), u, pg_current_snapshot(), u, u,
+			       (SELECT coalesce(max(id), 0) FROM outbox_redrive), outbox_system_id()
+			FROM (SELECT ` + upto + ` AS u) AS p`)
 	}
-	send("2 minutes", `id <> (SELECT max(id) FROM outbox)`)
+	record("2 minutes", `(SELECT max(id) - 1 FROM outbox)`)
 	require.Positive(t, maintain().Kept, "an unsent row")
-	send("0", `id = (SELECT max(id) FROM outbox)`)
+	record("0", `(SELECT max(id) FROM outbox)`)
 	require.Positive(t, maintain().Kept, "a row sent within the retention")
 	require.True(t, e.exists(t, part))
 
-	exec(`DELETE FROM outbox_sent WHERE id = (SELECT max(id) FROM outbox)`) // as a redrive does
-	send("2 minutes", `id = (SELECT max(id) FROM outbox)`)
-	sent := "outbox_sent" + strings.TrimPrefix(part, "outbox")
-	require.True(t, e.exists(t, sent))
+	// The same rows all sent two minutes ago, then a redrive to before.
+	exec(`DELETE FROM outbox_batch`)
+	record("2 minutes", `(SELECT max(id) FROM outbox)`)
+	_, err = outbox.Redrive(t.Context(), e.db.Pool, time.Now().Add(-5*time.Minute))
+	require.NoError(t, err)
+	require.Positive(t, maintain().Kept, "rows a redrive made unsent")
+	record("2 minutes", `(SELECT max(id) FROM outbox)`) // sent again
 	require.Positive(t, maintain().Dropped)
 	require.False(t, e.exists(t, part))
-	require.False(t, e.exists(t, sent), "the partition of outbox_sent of the same range")
 	require.Zero(t, e.count(t, `SELECT count(*) FROM outbox`))
-	require.Zero(t, e.count(t, `SELECT count(*) FROM outbox_sent`))
+}
+
+// A partition drop refuses to run its check under a snapshot older than its
+// lock: under REPEATABLE READ the check would not see what committed while
+// it waited (a redrive).
+func TestAnOutboxDropRefusesRepeatableRead(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	tx, err := e.db.Pool.BeginTx(t.Context(), pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(t.Context()) }()
+	_, err = tx.Exec(t.Context(), `SELECT partition_drop('outbox', 'outbox_default', '1s', now())`)
+	require.ErrorContains(t, err, "needs READ COMMITTED")
 }
 
 // A step waits for its lock no longer than the lock timeout: a transaction

@@ -31,8 +31,7 @@ func InboxMargin(retention, interval time.Duration) time.Duration {
 
 // OutboxTable is the outbox, partitioned by the time its rows were
 // written; a partition goes once every row in it was sent more than
-// retention (the re-drive window) ago, and the partition of outbox_sent,
-// where the relay records the sends, of the same range with it.
+// retention (the re-drive window) ago.
 func OutboxTable(interval, retention time.Duration) Table {
 	return Table{
 		Name:      "outbox",
@@ -40,6 +39,5 @@ func OutboxTable(interval, retention time.Duration) Table {
 		Interval:  interval,
 		Retention: retention,
 		SentOnly:  true,
-		Sent:      "outbox_sent",
 	}
 }

@@ -72,7 +72,7 @@ WITH pos AS MATERIALIZED (
            CASE WHEN p.epoch = @epoch::bigint THEN CAST(@span_snap::text AS pg_snapshot) ELSE p.span_snap END AS span_snap,
            CASE WHEN p.epoch = @epoch::bigint THEN @span_upto::bigint ELSE p.span_upto END AS span_upto,
            CASE WHEN p.epoch = @epoch::bigint THEN @span_done::bigint ELSE p.span_done END AS span_done
-    FROM outbox_position() p
+    FROM outbox_position p
 ), rest AS MATERIALIZED (
     SELECT o.* FROM pos, outbox_unsent_after(pos.snap, pos.upto, pos.span_snap, pos.span_done) o
     WHERE pos.span_done < pos.span_upto
@@ -124,7 +124,7 @@ FROM outbox_unsent;
 -- the rows acknowledged since: harmless, because broker dedup and the
 -- consumers' inbox absorb what was already delivered. The relay's claims
 -- see the new epoch and start from here; marks in flight, computed before,
--- no longer count (outbox_position). Reading the outbox takes the lock a
+-- no longer count (the view outbox_position). Reading the outbox takes the lock a
 -- partition drop waits for, so no partition goes with rows it makes unsent.
 INSERT INTO outbox_redrive (since, snap, upto, span_snap, span_upto, span_done, system_id, rows)
 SELECT @since::timestamptz, t.snap, t.upto, t.span_snap, t.span_upto, t.span_done, outbox_system_id(),

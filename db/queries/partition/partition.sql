@@ -25,9 +25,10 @@ SELECT partition_drop(@parent::text, @part::text, @lock_timeout::text, NULL) AS 
 
 -- name: DropSentPartition :one
 -- Detaches @part, a partition of the outbox, unless it holds a row unsent or
--- sent less than @retention ago, on the database clock, the clock that
--- wrote sent_at, so that a skewed application clock cannot shorten the
--- re-drive window. False: it was kept.
+-- sent less than @retention ago (outbox_all_sent in 00013), on the database
+-- clock, the clock that stamps the relay's positions, so that a skewed
+-- application clock cannot shorten the re-drive window. False: it was
+-- kept. In a READ COMMITTED transaction.
 SELECT partition_drop(@parent::text, @part::text, @lock_timeout::text, now() - @retention::interval) AS dropped;
 
 -- name: DropDetached :one
@@ -35,3 +36,15 @@ SELECT partition_drop(@parent::text, @part::text, @lock_timeout::text, now() - @
 -- @parent, each in this statement's transaction, which holds no lock that
 -- the table's writers take (partition_drop_detached in 00011).
 SELECT partition_drop_detached(@parent::text)::integer AS dropped;
+
+-- name: PruneOutboxPositions :execrows
+-- Deletes the relay's positions recorded before the one a redrive to
+-- @retention ago goes back to (outbox_position_before), but the relay's
+-- own (the latest since the latest redrive).
+DELETE FROM outbox_batch b
+WHERE b.id < (
+        SELECT coalesce(max(a.id), 0) FROM outbox_batch a
+        WHERE a.id < coalesce((SELECT min(n.id) FROM outbox_batch n WHERE n.recorded_at >= now() - @retention::interval),
+                              9223372036854775807))
+  AND b.id <> coalesce((SELECT max(c.id) FROM outbox_batch c
+                        WHERE c.epoch = (SELECT coalesce(max(r.id), 0) FROM outbox_redrive r)), 0);

@@ -20,7 +20,7 @@ WITH pos AS MATERIALIZED (
            CASE WHEN p.epoch = $2::bigint THEN CAST($5::text AS pg_snapshot) ELSE p.span_snap END AS span_snap,
            CASE WHEN p.epoch = $2::bigint THEN $6::bigint ELSE p.span_upto END AS span_upto,
            CASE WHEN p.epoch = $2::bigint THEN $7::bigint ELSE p.span_done END AS span_done
-    FROM outbox_position() p
+    FROM outbox_position p
 ), rest AS MATERIALIZED (
     SELECT o.id, o.event_id, o.event_type, o.source, o.subject, o.nats_subject, o.event_time, o.data, o.traceparent, o.created_at, o.xact_id FROM pos, outbox_unsent_after(pos.snap, pos.upto, pos.span_snap, pos.span_done) o
     WHERE pos.span_done < pos.span_upto
@@ -264,7 +264,7 @@ RETURNING rows
 // the rows acknowledged since: harmless, because broker dedup and the
 // consumers' inbox absorb what was already delivered. The relay's claims
 // see the new epoch and start from here; marks in flight, computed before,
-// no longer count (outbox_position). Reading the outbox takes the lock a
+// no longer count (the view outbox_position). Reading the outbox takes the lock a
 // partition drop waits for, so no partition goes with rows it makes unsent.
 func (q *Queries) Redrive(ctx context.Context, db DBTX, since time.Time) (int64, error) {
 	row := db.QueryRow(ctx, redrive, since)

@@ -89,9 +89,10 @@ type DropSentPartitionParams struct {
 }
 
 // Detaches @part, a partition of the outbox, unless it holds a row unsent or
-// sent less than @retention ago, on the database clock, the clock that
-// wrote sent_at, so that a skewed application clock cannot shorten the
-// re-drive window. False: it was kept.
+// sent less than @retention ago (outbox_all_sent in 00013), on the database
+// clock, the clock that stamps the relay's positions, so that a skewed
+// application clock cannot shorten the re-drive window. False: it was
+// kept. In a READ COMMITTED transaction.
 func (q *Queries) DropSentPartition(ctx context.Context, db DBTX, arg DropSentPartitionParams) (bool, error) {
 	row := db.QueryRow(ctx, dropSentPartition,
 		arg.Parent,
@@ -147,4 +148,25 @@ func (q *Queries) Partitions(ctx context.Context, db DBTX, parent string) ([]Par
 		return nil, err
 	}
 	return items, nil
+}
+
+const pruneOutboxPositions = `-- name: PruneOutboxPositions :execrows
+DELETE FROM outbox_batch b
+WHERE b.id < (
+        SELECT coalesce(max(a.id), 0) FROM outbox_batch a
+        WHERE a.id < coalesce((SELECT min(n.id) FROM outbox_batch n WHERE n.recorded_at >= now() - $1::interval),
+                              9223372036854775807))
+  AND b.id <> coalesce((SELECT max(c.id) FROM outbox_batch c
+                        WHERE c.epoch = (SELECT coalesce(max(r.id), 0) FROM outbox_redrive r)), 0)
+`
+
+// Deletes the relay's positions recorded before the one a redrive to
+// @retention ago goes back to (outbox_position_before), but the relay's
+// own (the latest since the latest redrive).
+func (q *Queries) PruneOutboxPositions(ctx context.Context, db DBTX, retention pgtype.Interval) (int64, error) {
+	result, err := db.Exec(ctx, pruneOutboxPositions, retention)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
