@@ -40,7 +40,11 @@ run() {
 	done
 	# Builds since the HTTP tokens take them from dev's issuer.
 	local issuer=()
-	if "$bin" loadgen -h 2>&1 | grep -q -- -issuer-url; then
+	# Read the help whole first: under pipefail, grep -q closing the pipe
+	# early fails the test with loadgen's SIGPIPE whenever it matched.
+	local help
+	help=$("$bin" loadgen -h 2>&1 || true)
+	if grep -q -- -issuer-url <<<"$help"; then
 		issuer=(--issuer-url http://127.0.0.1:18084)
 	fi
 	local status=0

@@ -71,6 +71,9 @@ type Spec struct {
 	Public []string
 	// Background loops run beside the consumers and end with ctx.
 	Background []func(ctx context.Context) error
+	// PipelinedRelay runs the outbox relay with two batches in flight
+	// (outbox.RelayConfig.Pipelined) instead of the plain loop.
+	PipelinedRelay bool
 }
 
 // Run runs the service name until ctx is done, in four named steps:
@@ -255,6 +258,7 @@ func newService(ctx context.Context, name string, cfg Config, c *conns, tp trace
 	}
 	s.relay = outbox.NewRelay(c.workPool, c.js, outbox.RelayConfig{
 		BatchSize:      cfg.OutboxBatchSize,
+		Pipelined:      spec.PipelinedRelay,
 		PollInterval:   cfg.OutboxPollInterval,
 		AtomicBatchMin: cfg.OutboxAtomicBatchMin,
 		Observer:       relayObserver{m},

@@ -54,7 +54,7 @@ func TestAClaimCancelledWithARecordLosesNothing(t *testing.T) {
 	evs := orderEvents(t, 7)
 	enqueue(t, f.db.Pool, evs...)
 
-	r := f.relay(outbox.RelayConfig{BatchSize: 2})
+	r := f.relay(outbox.RelayConfig{BatchSize: 2, Pipelined: true})
 	blocked := false
 	var cancelled sync.WaitGroup
 	outbox.SetAfterPublish(r, func() error {

@@ -15,10 +15,19 @@ import (
 	"github.com/onceflow/onceflow/internal/postgres"
 )
 
-// pipelineDepth is how many batches may be published and not yet marked
-// sent at a time: one that the broker is acknowledging while the database
-// marks the one before it and hands out the one after.
+// pipelineDepth is how many batches a pipelined relay may have published
+// and not yet recorded at a time: one that the broker is acknowledging
+// while the database records the one before it and hands out the one
+// after. The plain relay has one.
 const pipelineDepth = 2
+
+// depth is how many batches r has in flight at most.
+func (r *Relay) depth() int {
+	if r.cfg.Pipelined {
+		return pipelineDepth
+	}
+	return 1
+}
 
 // position is what the relay's claims cover (see outbox_batch in
 // db/migrations/platform/00013): every outbox row with an id up to upto
@@ -94,7 +103,7 @@ type batch struct {
 // expected to find nothing also takes the sleep lock; relay reports
 // whether the session holds the lock when it returns (asleep).
 //
-// Up to pipelineDepth batches are claimed and not yet marked at a time, and
+// Up to depth batches are claimed and not yet recorded at a time, and
 // a goroutine of the flush publishes them, in order: while the database marks
 // one batch and hands out the next, the client publishes and the broker
 // stores the ones in between. A batch's mark goes to the database with the
@@ -107,7 +116,7 @@ func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn, systemID int64, o
 	work := context.WithoutCancel(ctx)
 	pubCtx, halt := context.WithCancel(work)
 	defer halt()
-	claimed := make(chan *batch, pipelineDepth)
+	claimed := make(chan *batch, r.depth())
 	var wg sync.WaitGroup
 	wg.Go(func() { r.publishAll(pubCtx, claimed) })
 	defer wg.Wait()
@@ -155,7 +164,7 @@ type flushRun struct {
 // hands them to the publisher, until pipelineDepth are in flight, nothing
 // more is unsent and no mark is queued, a claim failed, or ctx is done.
 func (f *flushRun) claimAhead(ctx context.Context) {
-	for (f.more || f.marks.queued()) && f.claimErr == nil && len(f.inFlight) < pipelineDepth && ctx.Err() == nil {
+	for (f.more || f.marks.queued()) && f.claimErr == nil && len(f.inFlight) < f.r.depth() && ctx.Err() == nil {
 		lock := f.nextLock()
 		rows, slept, err := f.r.claim(f.work, f.conn, f.pos, &f.marks, lock)
 		f.total += f.r.marked(&f.marks, err)
@@ -182,7 +191,7 @@ func (f *flushRun) claimAhead(ctx context.Context) {
 		b := &batch{rows: rows, systemID: f.pos.systemID, published: make(chan struct{})}
 		f.pos = after(rows, len(rows), f.pos.systemID)
 		f.inFlight = append(f.inFlight, b)
-		f.claimed <- b // never blocks: the channel holds pipelineDepth
+		f.claimed <- b // never blocks: the channel holds depth
 	}
 }
 

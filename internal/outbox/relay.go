@@ -31,11 +31,17 @@ const (
 
 // RelayConfig configures a Relay. Zero values take the defaults.
 type RelayConfig struct {
-	// BatchSize is the most rows claimed, published and marked sent at a
-	// time; two batches are in flight at most, so twice the batch size
+	// BatchSize is the most rows claimed, published and recorded sent at
+	// a time; two batches are in flight at most, so twice the batch size
 	// should stay below the JetStream client's limit of pending async
 	// publishes (4000 by default). Default 1024.
 	BatchSize int
+	// Pipelined keeps two batches in flight: the claim of the next batch
+	// goes to the database while the broker acknowledges this one, and
+	// carries the record of the one before. False (the default) is the
+	// plain loop, a batch at a time: claim, publish, await the acks,
+	// record (with the next claim). Both run the same claim and record.
+	Pipelined bool
 	// PollInterval is how long the relay waits for a notification before it
 	// looks at the outbox anyway: the fallback for a lost NOTIFY and for a
 	// broken LISTEN connection, and the pause after a failed batch.

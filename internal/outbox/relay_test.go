@@ -617,7 +617,7 @@ func TestFlushSendsEachMarkWithTheNextClaim(t *testing.T) {
 	f, _ := pending(t, events)
 
 	pool, trips := tracedPool(t, f)
-	n, err := outbox.NewRelay(pool, f.js, outbox.RelayConfig{BatchSize: 5}, f.logger).Flush(ctx)
+	n, err := outbox.NewRelay(pool, f.js, outbox.RelayConfig{BatchSize: 5, Pipelined: true}, f.logger).Flush(ctx)
 	require.NoError(t, err)
 	require.Equal(t, events, n)
 
@@ -645,7 +645,7 @@ func TestRelayRunsGenericPlansWhileItLeads(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	n, err := outbox.NewRelay(pool, f.js, outbox.RelayConfig{BatchSize: 5}, f.logger).Flush(ctx)
+	n, err := outbox.NewRelay(pool, f.js, outbox.RelayConfig{BatchSize: 5, Pipelined: true}, f.logger).Flush(ctx)
 	require.NoError(t, err)
 	require.Equal(t, events, n)
 
@@ -1108,7 +1108,7 @@ func TestRunFinishesEveryBatchInFlight(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	r := f.relay(outbox.RelayConfig{PollInterval: time.Minute, BatchSize: 1})
+	r := f.relay(outbox.RelayConfig{PollInterval: time.Minute, BatchSize: 1, Pipelined: true})
 	outbox.SetAfterPublish(r, func() error {
 		cancel()
 		return nil

@@ -46,7 +46,7 @@ func TestRelayStopsAtARowItCannotPublish(t *testing.T) {
 			require.NoError(t, err)
 			enqueue(t, f.db.Pool, evs...)
 
-			r := f.relay(outbox.RelayConfig{BatchSize: 2, AtomicBatchMin: atomicMin})
+			r := f.relay(outbox.RelayConfig{BatchSize: 2, AtomicBatchMin: atomicMin, Pipelined: true})
 			var (
 				mu     sync.Mutex
 				failed []error

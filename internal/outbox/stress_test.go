@@ -25,11 +25,20 @@ import (
 // long transactions is random, the long ones held on purpose.
 func TestConcurrentProducersWithLateCommitsLoseNothing(t *testing.T) {
 	t.Parallel()
+	for _, pipelined := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pipelined %v", pipelined), func(t *testing.T) {
+			t.Parallel()
+			concurrentProducersWithLateCommits(t, outbox.RelayConfig{BatchSize: 3, PollInterval: 20 * time.Millisecond, Pipelined: pipelined})
+		})
+	}
+}
+
+func concurrentProducersWithLateCommits(t *testing.T, cfg outbox.RelayConfig) {
 	ctx := t.Context()
 	f := setup(t)
 	f.provision(t, 0)
 	published := countPublishes(t, f.nats, "orders.>")
-	run(t, f.relay(outbox.RelayConfig{BatchSize: 3, PollInterval: 20 * time.Millisecond}))
+	run(t, f.relay(cfg))
 
 	const producers, perProducer = 6, 30
 	var (

@@ -15,11 +15,11 @@
 // that the drop's WAL flush at commit keeps no writer waiting. Both steps
 // commit without waiting for their own flush: a step lost in a crash is
 // done again. An outbox partition is dropped only when every row in it
-// is sent and was sent longer than the re-drive window ago, checked under
-// that lock. outbox_sent, where the relay records the sends, is
-// partitioned alike (Table.Sent): its partition of a range is made before
-// the outbox's and detached after it, each step in a transaction of its
-// own, so that no step holds both tables' locks. Rows that arrive before
+// is sent and was sent longer than the re-drive window ago
+// (outbox_all_sent: the relay's position, and its position as of the
+// window's start, cover every row), checked before the lock and again
+// under it, in a READ COMMITTED transaction; the relay's positions older
+// than the window are pruned in the same round. Rows that arrive before
 // their partition exists (a new database, a maintenance that fell behind)
 // wait in the table's DEFAULT partition and are moved into their
 // partition when it is made.

@@ -16,6 +16,8 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	return app.Run(ctx, Name, cfg.Config, logger, func(d app.Deps) (app.Spec, error) {
 		s := New(d.Pool)
 		return app.Spec{
+			// The pipelined relay: the saga waits on it at every hop.
+			PipelinedRelay: true,
 			Subscriptions: []app.Subscription{
 				{Stream: streams.Payments, Durable: streams.InventoryPayments, Handler: s.HandlePaymentDebited,
 					Batched: true, BatchHandler: s.HandlePaymentDebitedBatch},

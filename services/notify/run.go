@@ -33,6 +33,8 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 			return app.Spec{}, fmt.Errorf("register mailer metrics: %w", err)
 		}
 		return app.Spec{
+			// The pipelined relay: the saga waits on it at every hop.
+			PipelinedRelay: true,
 			Subscriptions: []app.Subscription{
 				{Stream: streams.Orders, Durable: streams.NotifyOrders, Handler: s.HandleOrderMilestone,
 					Batched: true, BatchHandler: s.HandleOrderMilestoneBatch},

@@ -28,6 +28,8 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 			return app.Spec{}, fmt.Errorf("register expirer metrics: %w", err)
 		}
 		return app.Spec{
+			// The pipelined relay: the saga waits on it at every hop.
+			PipelinedRelay: true,
 			Subscriptions: []app.Subscription{
 				{Stream: streams.Payments, Durable: streams.OrderPayments, Handler: s.handlePaymentEvent,
 					Batched: true, BatchHandler: s.batchHandler(paymentTypes)},
