@@ -54,9 +54,9 @@ func InboxPrefix(identity string) string { return "_INBOX_" + identity }
 // Permissions returns what identity may do on NATS, derived from t: a
 // service publishes its own streams' subjects but not their replay
 // subjects, and the dead letters of its own durables, and uses the
-// JetStream API only to look up, pull from and ack its own durables and to
-// read back a message of their streams (one its durable gave up on, whose
-// max deliveries advisory it receives); the
+// JetStream API only to look up, pull from and ack its own durables, and
+// subscribes to nothing but its own replies (no advisory: the inbox
+// dead-letters a message on a delivery of its own, package inbox); the
 // Provisioner creates and updates t's streams and durables and publishes
 // nothing else; the Operator reads streams and consumers through
 // consumers of its own, pauses consumers and publishes the replay
@@ -75,22 +75,8 @@ func (t Topology) Permissions(identity string) Permissions {
 	default:
 		p.Publish = t.serviceSubjects(identity)
 		p.DenyPublish = t.replaySubjectsIn(p.Publish)
-		p.Subscribe = append(p.Subscribe, t.maxDeliveriesAdvisories(identity)...)
 	}
 	return p
-}
-
-// maxDeliveriesAdvisories are the subjects of JetStream's advisories that a
-// message of one of service's durables reached MaxDeliver: the inbox
-// dead-letters such a message, read back from its stream.
-func (t Topology) maxDeliveriesAdvisories(service string) []string {
-	var sub []string
-	for _, c := range t.Consumers {
-		if c.Service == service {
-			sub = append(sub, "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."+c.Stream+"."+c.Durable)
-		}
-	}
-	return sub
 }
 
 // ReplaySubjects are the replay subjects of t's durables (see
@@ -153,11 +139,6 @@ func (t Topology) serviceSubjects(service string) []string {
 		pub = append(pub,
 			"$JS.API.CONSUMER.INFO."+c.Stream+"."+c.Durable,
 			"$JS.API.CONSUMER.MSG.NEXT."+c.Stream+"."+c.Durable,
-			// Reading back a message its durable gave up on (the max
-			// deliveries advisory), to dead-letter it.
-			"$JS.API.STREAM.INFO."+c.Stream,
-			"$JS.API.STREAM.MSG.GET."+c.Stream,
-			"$JS.API.DIRECT.GET."+c.Stream,
 			// Acks go to the message's reply subject: the server's
 			// $JS.ACK.<stream>.<durable>.<counters>, and its v2 form with
 			// a domain and an account hash before the stream.
