@@ -36,6 +36,7 @@ type metrics struct {
 	inboxTxMessages      *prometheus.HistogramVec
 
 	outboxPublished       *prometheus.CounterVec
+	outboxRelayStep       *prometheus.HistogramVec
 	outboxPublishErrors   prometheus.Counter
 	outboxPublishDuration prometheus.Histogram
 	outboxDelay           prometheus.Histogram
@@ -71,6 +72,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Messages per inbox transaction (1 unbatched; up to the batch size batched).",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 10),
 		}, []string{"consumer"}),
+		outboxRelayStep: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "onceflow_outbox_relay_step_seconds",
+			Help: "Time each step of a relay batch took: wait (from its oldest row's transaction start to its claim), " +
+				"claim (round trip, records riding on it), publish, ack (last publish to last ack), record (sent alone).",
+			Buckets: latencyBuckets,
+		}, []string{"step"}),
 		outboxPublished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_outbox_published_total",
 			Help: "Outbox events the relay published and JetStream acknowledged, by event type.",
@@ -94,7 +101,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, c := range []prometheus.Collector{
 		m.inboxMessages, m.inboxRedeliveries, m.inboxHandlerErrors, m.inboxHandlerDuration,
 		m.inboxTxDuration, m.inboxTxMessages,
-		m.outboxPublished, m.outboxPublishErrors, m.outboxPublishDuration, m.outboxDelay,
+		m.outboxPublished, m.outboxPublishErrors, m.outboxPublishDuration, m.outboxDelay, m.outboxRelayStep,
 	} {
 		errs = append(errs, reg.Register(c))
 	}
@@ -231,6 +238,10 @@ func (o relayObserver) Published(_ int, d time.Duration, err error) {
 	if err != nil {
 		o.m.outboxPublishErrors.Inc()
 	}
+}
+
+func (o relayObserver) Step(step string, d time.Duration) {
+	o.m.outboxRelayStep.WithLabelValues(step).Observe(d.Seconds())
 }
 
 func (o relayObserver) Acked(typ event.Type, age time.Duration) {

@@ -30,12 +30,29 @@ type RelayObserver interface {
 	// Acked is called for each acknowledged event with its type and its
 	// age at the ack: how long it waited in the outbox.
 	Acked(typ event.Type, age time.Duration)
+	// Step is called with the time each step of a batch took, to find
+	// where a hop's time goes: StepWait (from its oldest row's
+	// transaction start to the claim that found it), StepClaim (the
+	// claim's round trip, with the records that ride on it), StepPublish
+	// (handing its messages to the client), StepAck (from its last
+	// publish to its last ack) and StepRecord (a record sent on its own).
+	Step(step string, d time.Duration)
 }
+
+// The steps of RelayObserver.Step.
+const (
+	StepWait    = "wait"
+	StepClaim   = "claim"
+	StepPublish = "publish"
+	StepAck     = "ack"
+	StepRecord  = "record"
+)
 
 type nopRelayObserver struct{}
 
 func (nopRelayObserver) Published(int, time.Duration, error) {}
 func (nopRelayObserver) Acked(event.Type, time.Duration)     {}
+func (nopRelayObserver) Step(string, time.Duration)          {}
 
 // traceEnqueue starts the span of writing ev to the outbox and records its
 // trace context in ev.TraceParent, so that the relay's publish, and the
@@ -95,6 +112,8 @@ func (r *Relay) observePublish(b *batch, acked int, err error) {
 	}
 	if b.attempted {
 		r.cfg.Observer.Published(acked, now.Sub(b.start), err)
+		r.cfg.Observer.Step(StepPublish, b.handed.Sub(b.start))
+		r.cfg.Observer.Step(StepAck, now.Sub(b.handed))
 	}
 }
 

@@ -91,8 +91,9 @@ type batch struct {
 	spans []trace.Span
 	// pubErr is why publishing stopped before the end of rows.
 	pubErr error
-	// start is the first publish; deadline the end of the wait for acks.
-	start, deadline time.Time
+	// start is the first publish, handed the end of the last; deadline
+	// the end of the wait for acks.
+	start, handed, deadline time.Time
 }
 
 // relay publishes the outbox batch after batch and marks the batches sent in
@@ -254,6 +255,13 @@ func (f *flushRun) finish(ctx context.Context) (int, bool, error) {
 func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn, pos position, m *marks, lock sleepOp) (rows []dbsqlc.ClaimRow, slept bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.dbTimeout())
 	defer cancel()
+	start := time.Now()
+	defer func() {
+		r.cfg.Observer.Step(StepClaim, time.Since(start))
+		if len(rows) > 0 {
+			r.cfg.Observer.Step(StepWait, max(start.Sub(rows[0].CreatedAt), 0))
+		}
+	}()
 	var locked int64
 	rows, err = r.queries.Claim(ctx, r.pipeline(m, lock, &locked).Then(conn), dbsqlc.ClaimParams{
 		Snap: pos.snap, Upto: pos.upto, SpanSnap: pos.spanSnap, SpanUpto: pos.spanUpto, SpanDone: pos.spanDone,
@@ -337,7 +345,9 @@ func (r *Relay) sendMarks(ctx context.Context, conn *pgxpool.Conn, m *marks) (in
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.dbTimeout())
 	defer cancel()
+	start := time.Now()
 	err := r.pipeline(m, stayAwake, nil).Send(ctx, conn)
+	r.cfg.Observer.Step(StepRecord, time.Since(start))
 	n := r.marked(m, err)
 	if err != nil {
 		return n, fmt.Errorf("mark outbox rows sent: %w", err)

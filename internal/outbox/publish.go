@@ -54,6 +54,7 @@ func (r *Relay) publish(ctx context.Context, b *batch) {
 	// A panic fails the batch like a publish that failed: its rows stay
 	// unsent, and the flush, on the other goroutine, carries on.
 	b.pubErr = panics.Recover(func() error { return r.publishRows(ctx, b) })
+	b.handed = time.Now()
 }
 
 // publishRows is publish's work; it returns why it stopped before the end
