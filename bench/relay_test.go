@@ -64,14 +64,19 @@ func BenchmarkRelay(b *testing.B) {
 				require.Equal(b, b.N, n)
 				m.report(b.N)
 			}
+			// The pipelined relay, as the services run it.
 			b.Run(fmt.Sprintf("pg=%s/fsync=%s", pg.name, nb.name), func(b *testing.B) {
+				relay(b, outbox.RelayConfig{Pipelined: true})
+			})
+			// The plain relay, a generated service's.
+			b.Run(fmt.Sprintf("pg=%s/fsync=%s/relay=plain", pg.name, nb.name), func(b *testing.B) {
 				relay(b, outbox.RelayConfig{})
 			})
 			// As the services run it (OUTBOX_ATOMIC_BATCH_MIN), which
 			// pays where JetStream fsyncs every write.
 			if nb.name == "always" {
 				b.Run(fmt.Sprintf("pg=%s/fsync=%s/publish=atomic", pg.name, nb.name), func(b *testing.B) {
-					relay(b, outbox.RelayConfig{AtomicBatchMin: 32})
+					relay(b, outbox.RelayConfig{AtomicBatchMin: 32, Pipelined: true})
 				})
 			}
 		}
