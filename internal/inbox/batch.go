@@ -36,14 +36,11 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []jetstream.Msg) {
 	ds := make([]*delivery, 0, len(msgs))
 	for _, msg := range msgs {
 		d, err := c.decode(ctx, msg)
-		switch {
-		case err != nil:
+		if err != nil {
 			c.fail(ctx, d, err)
-		case c.spent(d):
-			c.processOne(ctx, msg) // past its budget: dead-lettered unless processed (exhausted.go)
-		default:
-			ds = append(ds, d)
+			continue
 		}
+		ds = append(ds, d)
 	}
 	if len(ds) == 0 {
 		return
