@@ -1,6 +1,6 @@
 // Command hops breaks the placed→confirmed latency of the orders of a run
 // down by hop of the saga, from the times the services' databases keep: when
-// each event was made (its CloudEvents time), when its relay marked it sent,
+// each event was made (its CloudEvents time), when its relay recorded it sent,
 // and when its consumer's transaction claimed it.
 //
 //	go run ./bench/hops -order URL -payment URL -inventory URL

@@ -149,6 +149,21 @@ func TestARelayOnARestoredDatabaseStartsOverFromTheRows(t *testing.T) {
 	requireOracle(t, f.db, counts)
 }
 
+// enqueueAndFlush writes n events of aggregates prefix-0… and requires
+// that a flush of r publishes them.
+func enqueueAndFlush(t *testing.T, f *fixture, r *outbox.Relay, prefix string, n int) []event.Envelope {
+	t.Helper()
+	evs := make([]event.Envelope, n)
+	for i := range evs {
+		evs[i] = newEvent(t, event.OrderPlaced, fmt.Sprintf("%s-%d", prefix, i), 1)
+	}
+	enqueue(t, f.db.Pool, evs...)
+	sent, err := r.Flush(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, n, sent)
+	return evs
+}
+
 type lockedWriter struct {
 	w  *strings.Builder
 	mu *sync.Mutex
@@ -170,17 +185,7 @@ func TestARedriveTrustsTheOrderOfTheRecordsNotTheClock(t *testing.T) {
 	f.provision(t, 0)
 	published := countPublishes(t, f.nats, "orders.>")
 	r := f.relay(outbox.RelayConfig{})
-	flush := func(prefix string) []event.Envelope {
-		evs := make([]event.Envelope, 2)
-		for i := range evs {
-			evs[i] = newEvent(t, event.OrderPlaced, fmt.Sprintf("%s-%d", prefix, i), 1)
-		}
-		enqueue(t, f.db.Pool, evs...)
-		n, err := r.Flush(ctx)
-		require.NoError(t, err)
-		require.Equal(t, len(evs), n)
-		return evs
-	}
+	flush := func(prefix string) []event.Envelope { return enqueueAndFlush(t, f, r, prefix, 2) }
 	first := flush("first")
 	var since time.Time
 	require.NoError(t, f.db.Pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&since))

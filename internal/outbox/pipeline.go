@@ -96,7 +96,7 @@ type batch struct {
 	start, handed, deadline time.Time
 }
 
-// relay publishes the outbox batch after batch and marks the batches sent in
+// relay publishes the outbox batch after batch and records the batches in
 // the order they were claimed, on conn, whose session holds the relay lock.
 // It returns how many rows it marked sent, once a claim found nothing more
 // to publish (or ctx is done, or an error cut it short). Its first claim
@@ -162,8 +162,8 @@ type flushRun struct {
 }
 
 // claimAhead claims batches, each claim carrying the queued marks, and
-// hands them to the publisher, until pipelineDepth are in flight, nothing
-// more is unsent and no mark is queued, a claim failed, or ctx is done.
+// hands them to the publisher, until depth are in flight, nothing more is
+// unsent and no record is queued, a claim failed, or ctx is done.
 func (f *flushRun) claimAhead(ctx context.Context) {
 	for (f.more || f.marks.queued()) && f.claimErr == nil && len(f.inFlight) < f.r.depth() && ctx.Err() == nil {
 		lock := f.nextLock()
@@ -256,17 +256,15 @@ func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn, pos position, m *
 	ctx, cancel := context.WithTimeout(ctx, r.dbTimeout())
 	defer cancel()
 	start := time.Now()
-	defer func() {
-		r.cfg.Observer.Step(StepClaim, time.Since(start))
-		if len(rows) > 0 {
-			r.cfg.Observer.Step(StepWait, max(start.Sub(rows[0].CreatedAt), 0))
-		}
-	}()
 	var locked int64
 	rows, err = r.queries.Claim(ctx, r.pipeline(m, lock, &locked).Then(conn), dbsqlc.ClaimParams{
 		Snap: pos.snap, Upto: pos.upto, SpanSnap: pos.spanSnap, SpanUpto: pos.spanUpto, SpanDone: pos.spanDone,
 		Epoch: pos.epoch, BatchSize: int64(r.cfg.BatchSize),
 	})
+	r.cfg.Observer.Step(StepClaim, time.Since(start))
+	if len(rows) > 0 {
+		r.cfg.Observer.Step(StepWait, max(start.Sub(rows[0].CreatedAt), 0))
+	}
 	if err != nil {
 		return nil, false, fmt.Errorf("claim outbox rows: %w", err)
 	}

@@ -85,17 +85,7 @@ func TestRedriveRepublishesTheRowsSentSince(t *testing.T) {
 	published := countPublishes(t, f.nats, "orders.>")
 	r := f.relay(outbox.RelayConfig{BatchSize: 2})
 
-	batch := func(prefix string) []event.Envelope {
-		evs := make([]event.Envelope, 3)
-		for i := range evs {
-			evs[i] = newEvent(t, event.OrderPlaced, fmt.Sprintf("%s-%d", prefix, i), 1)
-		}
-		enqueue(t, f.db.Pool, evs...)
-		n, err := r.Flush(ctx)
-		require.NoError(t, err)
-		require.Equal(t, len(evs), n)
-		return evs
-	}
+	batch := func(prefix string) []event.Envelope { return enqueueAndFlush(t, f, r, prefix, 3) }
 	old := batch("old")
 	var since time.Time
 	require.NoError(t, f.db.Pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&since))
