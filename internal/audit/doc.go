@@ -57,8 +57,7 @@
 // million messages is left to the ack floor check, and the report says so.
 //
 // The auditor changes no data: it runs SELECTs in read-only transactions and
-// JetStream info requests. The one thing it creates is a short-lived
-// ordered consumer per stream (internal/streamscan: in memory, headers
-// only, no acks) to read the messages, deleted afterwards; the durables
-// are only looked at.
+// JetStream info requests, and reads the messages one by one with the
+// stream's message get (internal/streamscan): it creates nothing, not even
+// a consumer; the durables are only looked at.
 package audit

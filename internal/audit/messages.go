@@ -49,11 +49,11 @@ type deadLetter struct {
 }
 
 // scan calls f with every message of stream st, in order, up to the
-// stream's last sequence when the scan began, reading headers only. It
+// stream's last sequence when the scan began. It
 // returns false, without scanning, when the stream holds more than limit
 // messages.
 func scan(ctx context.Context, st jetstream.Stream, limit uint64, f func(seq uint64, subject string, h nats.Header)) (bool, error) {
-	return streamscan.ScanAtMost(ctx, st, jetstream.OrderedConsumerConfig{HeadersOnly: true}, limit, func(m streamscan.Message) bool {
+	return streamscan.ScanAtMost(ctx, st, streamscan.Range{}, limit, func(m streamscan.Message) bool {
 		f(m.Seq, m.Subject, m.Header)
 		return true
 	})

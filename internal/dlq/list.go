@@ -71,17 +71,14 @@ func (s *Store) List(ctx context.Context, f Filter) (Page, error) {
 	if err != nil {
 		return Page{}, err
 	}
-	cfg := jetstream.OrderedConsumerConfig{HeadersOnly: true, OptStartSeq: f.After + 1}
+	r := streamscan.Range{From: f.After + 1}
 	if f.Consumer != "" {
-		cfg.FilterSubjects = []string{streams.DLQSubjectPrefix + f.Consumer}
-	}
-	if !f.Since.IsZero() && f.After == 0 {
-		cfg.DeliverPolicy, cfg.OptStartSeq, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, 0, &f.Since
+		r.Subject = streams.DLQSubjectPrefix + f.Consumer
 	}
 	var page Page
 	v := s.verifier()
 	var checkErr error
-	err = streamscan.Scan(ctx, st, cfg, func(m streamscan.Message) bool {
+	err = streamscan.Scan(ctx, st, r, func(m streamscan.Message) bool {
 		e := entryOf(m.Seq, m.At, m.Subject, m.Header)
 		e.Actions = actions[m.Seq]
 		if !f.Since.IsZero() && e.DeadLettered.Before(f.Since) || !f.match(e) {
@@ -116,11 +113,7 @@ func (s *Store) actions(ctx context.Context, subject string) (map[uint64][]Actio
 	}
 	var n int
 	var bad error
-	var cfg jetstream.OrderedConsumerConfig
-	if subject != "" {
-		cfg.FilterSubjects = []string{subject}
-	}
-	err = streamscan.Scan(ctx, st, cfg, func(m streamscan.Message) bool {
+	err = streamscan.Scan(ctx, st, streamscan.Range{Subject: subject}, func(m streamscan.Message) bool {
 		var a Action
 		if err := json.Unmarshal(m.Data, &a); err != nil {
 			bad = fmt.Errorf("dlq action %d: %w", m.Seq, err)

@@ -36,11 +36,14 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []jetstream.Msg) {
 	ds := make([]*delivery, 0, len(msgs))
 	for _, msg := range msgs {
 		d, err := c.decode(ctx, msg)
-		if err != nil {
+		switch {
+		case err != nil:
 			c.fail(ctx, d, err)
-			continue
+		case c.spent(d):
+			c.processOne(ctx, msg) // past its budget: dead-lettered unless processed (exhausted.go)
+		default:
+			ds = append(ds, d)
 		}
-		ds = append(ds, d)
 	}
 	if len(ds) == 0 {
 		return

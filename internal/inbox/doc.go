@@ -34,27 +34,38 @@
 //     crash between commit and ack leads to a redelivery that the claim
 //     drops as a duplicate.
 //   - A message that can never be processed — it does not decode, its
-//     handler returns a permanent error, it was delivered MaxDeliver times,
-//     it is older than the retention period (by its id's time or its
-//     own, whichever is earlier), or it is further in the future than
-//     Config.MaxSkew (its partition would not exist) — is copied to the DLQ stream
-//     ("dlq.<durable>", with the reason in a header) and terminated. A
-//     message is terminated only after its copy was stored; if the copy
-//     is refused (NATS fails, or the durable's budget in the DLQ is spent)
-//     it is logged, counted (OutcomeDeadLetterRefused) and the message
-//     redelivered instead, or, on its last delivery, held and the copy
-//     retried until stored. A body too large for the DLQ is left out of
-//     the copy (HeaderDLQBodyDropped): the original keeps it.
+//     handler returns a permanent error or fails on the last delivery of
+//     the consumer's budget, it is older than the retention period (by its
+//     id's time or its own, whichever is earlier), or it is further in the
+//     future than Config.MaxSkew (its partition would not exist) — is
+//     copied to the DLQ stream ("dlq.<durable>", with the reason in a
+//     header) and terminated. A message is terminated only after its copy
+//     was stored; if the copy is refused (NATS fails, or the durable's
+//     budget in the DLQ is spent) it is logged, counted
+//     (OutcomeDeadLetterRefused) and the message naked, to be
+//     dead-lettered again on its next delivery. A body too large for the
+//     DLQ is left out of the copy (HeaderDLQBodyDropped): the original
+//     keeps it.
 //   - One bad message never stops the consumer, and fails only itself. A
 //     handler or decoder that panics has failed: its transaction rolls
 //     back, the panic is logged with its stack and counted as a handler
 //     error, and the message is retried, then dead-lettered with the panic
 //     as its reason; the process and the batch-mates carry on.
-//   - No message runs out of deliveries unrecorded: one whose last delivery
-//     never settled (the process died in it, or its dead-lettering failed)
-//     is announced by the server's MAX_DELIVERIES advisory, which the
-//     consumer watches; it dead-letters the message from its stream
-//     (exhausted.go), logs it and counts it (OutcomeExhausted).
+//   - No message runs out of deliveries unrecorded (exhausted.go): the
+//     server never gives up on a message (the durable's MaxDeliver is
+//     unlimited, and Run refuses a durable whose is not); the inbox does,
+//     on a delivery it settles. The budget (streams.MetadataMaxDeliver) is
+//     how many deliveries run the handler. A delivery past it comes only
+//     when none of those settled (the process died in each, or the DLQ
+//     refused the copy); it runs no handler, and its claim decides: a
+//     processed event is acked as a duplicate, any other dead-lettered
+//     (OutcomeExhausted) — once per stored message: a second copy (its
+//     term was lost) is dropped by the DLQ's dedup within the duplicate
+//     window. That delivery waits for the next consumer of
+//     the durable however long every replica is down, and each message
+//     has its own, so a burst is no different from one message; no
+//     advisory is read, so no other identity's message can make the inbox
+//     dead-letter anything.
 //
 // With Config.Batched, a batch shares one transaction: its events are
 // claimed with one statement in event id order (a batch of first
@@ -72,8 +83,10 @@
 // batch is processed.
 //
 // Limits: the guarantee covers what the handler writes through its
-// transaction; an external side effect needs its own outbox. An advisory
-// is not stored: one that comes while no consumer of the durable runs is
-// lost, and so is the DLQ copy of a message that cannot be dead-lettered
-// at all (the log and the metric say so).
+// transaction; an external side effect needs its own outbox. A message
+// whose dead letter the DLQ keeps refusing is redelivered, with a back-off
+// of up to a minute, until the DLQ takes it (the log and the metric say
+// so), and a decoder that kills the process outright (not a panic, which
+// is recovered) is retried past the budget, since the claim needs the
+// event's id.
 package inbox

@@ -2,85 +2,69 @@ package inbox
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
+	"strconv"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/streams"
 )
 
-// A message is dead-lettered by the inbox at its last delivery. But when
-// that delivery never settles — the process died in it, or its
-// dead-lettering failed and it was naked — JetStream stops delivering it
-// with no dead letter. The server announces that with an advisory, which
-// the consumer watches: it reads the message back from its stream and
-// dead-letters it with the reason, logs it, and reports it to the Observer
-// (OutcomeExhausted). The DLQ's dedup (one message id per stored message)
-// keeps a message that was dead-lettered already from being stored twice.
+// The last delivery is the inbox's, never the server's. JetStream, left to
+// count deliveries itself (a finite MaxDeliver), gives up on a message when
+// its last delivery's ack wait ends unsettled — the process died in it — and
+// says so only in an advisory to whoever listens at that moment. So the
+// durable is provisioned with an unlimited MaxDeliver (streams.Provision):
+// the server redelivers a message until the inbox settles it, and no
+// message leaves the durable unless the inbox acked, terminated or
+// dead-lettered it. The inbox keeps the count instead, the durable's budget
+// (streams.MetadataMaxDeliver): the deliveries that run the handler. The
+// last of them dead-letters the message if it fails (fail); a delivery past
+// the budget comes only when those before never settled (the process died
+// in each, or the DLQ refused the copy), and runs no handler: its claim
+// tells whether the event was processed after all (then it is acked as a
+// duplicate), and if not it is dead-lettered (processOne). It comes
+// whenever a consumer of the durable next pulls, however long every
+// replica was down, and each message has its own: there is no second
+// channel to overflow or to forge.
 
-// MaxDeliveriesAdvisoryPrefix is the subject prefix of JetStream's
-// advisories for messages that reached their consumer's MaxDeliver:
-// the stream and the durable follow.
-const MaxDeliveriesAdvisoryPrefix = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."
-
-// maxDeliveriesAdvisory is the part of the advisory the inbox reads.
-type maxDeliveriesAdvisory struct {
-	Stream     string `json:"stream"`
-	Consumer   string `json:"consumer"`
-	StreamSeq  uint64 `json:"stream_seq"`
-	Deliveries uint64 `json:"deliveries"`
+// budget is the delivery budget of the durable configured as cfg, read from
+// its metadata: 0 (none, retried until processed) when it has none. A
+// durable whose server gives up by itself is refused: what it gives up on
+// would leave unrecorded.
+func budget(cfg jetstream.ConsumerConfig) (int, error) {
+	if cfg.MaxDeliver > 0 {
+		return 0, fmt.Errorf("MaxDeliver is %d: the server would drop a message whose last delivery never settles, unrecorded; "+
+			"provision the durable with streams.Provision (MaxDeliver -1, the inbox's budget in metadata %s)", cfg.MaxDeliver, streams.MetadataMaxDeliver)
+	}
+	v, ok := cfg.Metadata[streams.MetadataMaxDeliver]
+	if !ok {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("metadata %s=%q is not a positive number", streams.MetadataMaxDeliver, v)
+	}
+	return n, nil
 }
 
-// watchExhausted dead-letters every message of the consumer that JetStream
-// announces it gave up on, until ctx is done.
-func (c *Consumer) watchExhausted(ctx context.Context) error {
-	advisories := make(chan *nats.Msg, 64)
-	sub, err := c.js.Conn().ChanSubscribe(MaxDeliveriesAdvisoryPrefix+c.cfg.Stream+"."+c.cfg.Durable, advisories)
-	if err != nil {
-		return fmt.Errorf("watch %s's max deliveries: %w", c.cfg.Durable, err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case m := <-advisories:
-			var adv maxDeliveriesAdvisory
-			if err := json.Unmarshal(m.Data, &adv); err != nil {
-				c.logger.ErrorContext(ctx, "unreadable max deliveries advisory", "err", err)
-				continue
-			}
-			c.exhausted(ctx, adv)
-		}
-	}
+// lastTry reports whether d is the last delivery that runs the handler, or
+// later: a failure is dead-lettered, not naked.
+func (c *Consumer) lastTry(d *delivery) bool {
+	return c.maxDeliver > 0 && d.meta.NumDelivered >= uint64(c.maxDeliver)
 }
 
-// exhausted dead-letters the message adv names, read back from its stream.
-func (c *Consumer) exhausted(ctx context.Context, adv maxDeliveriesAdvisory) {
-	logger := c.logger.With("stream_seq", adv.StreamSeq, "deliveries", adv.Deliveries)
-	c.cfg.Observer.Settled(event.Envelope{}, OutcomeExhausted, adv.Deliveries)
-	msg, err := c.readBack(ctx, adv.StreamSeq)
-	if err != nil {
-		logger.ErrorContext(ctx, "a message ran out of deliveries unsettled, and cannot be read back to dead-letter it", "err", err)
-		return
-	}
-	reason := fmt.Sprintf("JetStream gave up after %d deliveries (MaxDeliver) that the inbox did not settle: the process died while processing it, or its dead-lettering failed", adv.Deliveries)
-	dlq := c.dlqMsg(msg.Header, msg.Data, msg.Subject, adv.Stream, adv.StreamSeq, adv.Deliveries, reason)
-	if _, err := c.js.PublishMsg(ctx, dlq); err != nil {
-		logger.ErrorContext(ctx, "a message ran out of deliveries unsettled, and dead-lettering it failed", "err", err)
-		return
-	}
-	c.deadLettered.Add(1)
-	logger.ErrorContext(ctx, "a message ran out of deliveries unsettled; dead-lettered", "event_id", msg.Header.Get(event.HeaderID))
+// spent reports whether d comes past the budget: the deliveries that ran
+// the handler never settled, and this one dead-letters the event unless it
+// was processed.
+func (c *Consumer) spent(d *delivery) bool {
+	return c.maxDeliver > 0 && d.meta.NumDelivered > uint64(c.maxDeliver)
 }
 
-// readBack reads the message at seq from the consumer's stream.
-func (c *Consumer) readBack(ctx context.Context, seq uint64) (*jetstream.RawStreamMsg, error) {
-	s, err := c.js.Stream(ctx, c.cfg.Stream)
-	if err != nil {
-		return nil, err
-	}
-	return s.GetMsg(ctx, seq)
+// exhausted dead-letters d's message, delivered past the budget, whose
+// claim found its event unprocessed.
+func (c *Consumer) exhausted(ctx context.Context, d *delivery) Outcome {
+	reason := fmt.Sprintf("delivered %d times, past the budget of %d that run the handler, none of which settled: "+
+		"the process stopped while processing it, or the DLQ refused its copy", d.meta.NumDelivered, c.maxDeliver)
+	return c.deadLetter(ctx, d, OutcomeExhausted, reason)
 }

@@ -14,7 +14,8 @@ func (c *Consumer) SetSkipAck(skip func(event.Envelope) bool) {
 
 // SetSkipSettle makes c leave unsettled (neither acked, naked nor
 // dead-lettered) every message for which skip returns true, as a process
-// that dies while processing it would. Call it before Run.
+// that dies while processing it would. A delivery past the consumer's
+// budget runs no handler and is settled all the same. Call it before Run.
 func (c *Consumer) SetSkipSettle(skip func(event.Envelope) bool) {
 	c.skipSettle = func(ev event.Envelope, _ Outcome) bool { return skip(ev) }
 }

@@ -170,13 +170,9 @@ type Consumer struct {
 	logger  *slog.Logger
 	queries *dbsqlc.Queries
 
-	// maxDeliver is the consumer's MaxDeliver, read by Run before its workers
-	// start; zero or negative means unlimited.
+	// maxDeliver is the durable's budget (exhausted.go), read by Run before
+	// its workers start; zero means none.
 	maxDeliver int
-	// stopping is Run's ctx.Done(): the work goes on under a context that
-	// is not canceled, but a dead letter held on its last delivery
-	// (publishDeadLetter) is let go.
-	stopping <-chan struct{}
 
 	processed    atomic.Int64
 	duplicates   atomic.Int64
@@ -239,12 +235,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("look up consumer %s on stream %s: %w", c.cfg.Durable, c.cfg.Stream, err)
 	}
-	c.maxDeliver, c.stopping = cons.CachedInfo().Config.MaxDeliver, ctx.Done()
+	if c.maxDeliver, err = budget(cons.CachedInfo().Config); err != nil {
+		return fmt.Errorf("consumer %s on stream %s: %w", c.cfg.Durable, c.cfg.Stream, err)
+	}
 	c.logger.InfoContext(ctx, "inbox consumer running",
 		"batched", c.cfg.Batched, "batch_size", c.cfg.BatchSize, "workers", c.cfg.Workers, "max_deliver", c.maxDeliver)
 
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return c.watchExhausted(gctx) })
 	for range c.cfg.Workers {
 		g.Go(func() error { return c.consume(gctx, cons) })
 	}

@@ -27,9 +27,9 @@ const (
 	// durable's budget there is spent, or NATS failed): the message is
 	// retried, not dropped.
 	OutcomeDeadLetterRefused Outcome = "dead_letter_refused"
-	// OutcomeExhausted: JetStream gave up on the message after MaxDeliver
-	// deliveries that the inbox did not settle (exhausted.go); it is
-	// dead-lettered from its stream.
+	// OutcomeExhausted: dead-lettered on a delivery past the consumer's
+	// budget, without its handler: the deliveries that ran the handler never
+	// settled, e.g. the process died in each (exhausted.go).
 	OutcomeExhausted Outcome = "exhausted"
 )
 

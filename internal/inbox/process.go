@@ -21,7 +21,9 @@ import (
 //
 // A crash before the commit leaves nothing behind and the message comes
 // again; a crash between the commit and the ack is answered by step 2. A
-// handler that panics has failed, like one that returned an error.
+// handler that panics has failed, like one that returned an error. A
+// delivery past the consumer's budget runs no handler: those before it
+// never settled, and the claim only tells whether one of them committed.
 func (c *Consumer) processOne(ctx context.Context, msg jetstream.Msg) Outcome {
 	d, err := c.decode(ctx, msg) // 1. Decode; check its owner and age.
 	if err != nil {
@@ -41,6 +43,10 @@ func (c *Consumer) processOne(ctx context.Context, msg jetstream.Msg) Outcome {
 	}
 	if err != nil { // not an answer: retried, never taken for a duplicate
 		return c.fail(ctx, d, c.rollback(ctx, tx, start, fmt.Errorf("claim: %w", err)))
+	}
+	if c.spent(d) { // past its budget (exhausted.go): unprocessed, so dead-lettered, never handled
+		_ = c.rollback(ctx, tx, start, nil)
+		return c.exhausted(ctx, d)
 	}
 	if err := c.handle(ctx, tx, d.ev); err != nil { // 3. Handle, on the same tx; a panic is an error.
 		return c.fail(ctx, d, c.rollback(ctx, tx, start, fmt.Errorf("handler: %w", err)))

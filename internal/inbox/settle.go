@@ -64,11 +64,9 @@ func (c *Consumer) fail(ctx context.Context, d *delivery, err error) Outcome {
 	}
 	switch {
 	case isPermanent(err):
-		return c.deadLetter(ctx, d, err.Error())
-	case c.maxDeliver > 0 && d.meta.NumDelivered >= uint64(c.maxDeliver):
-		// A nak would not bring it back: JetStream gives up after
-		// MaxDeliver deliveries.
-		return c.deadLetter(ctx, d, fmt.Sprintf("failed on each of %d deliveries, the last: %v", d.meta.NumDelivered, err))
+		return c.deadLetter(ctx, d, OutcomeDeadLettered, err.Error())
+	case c.lastTry(d): // the budget is spent (exhausted.go)
+		return c.deadLetter(ctx, d, OutcomeDeadLettered, fmt.Sprintf("failed on each of %d deliveries, the last: %v", d.meta.NumDelivered, err))
 	}
 	c.eventLogger(d).WarnContext(ctx, "processing failed; retrying", "deliveries", d.meta.NumDelivered, "err", err)
 	return c.nak(ctx, d)
@@ -100,69 +98,51 @@ func nakDelay(base time.Duration, delivered uint64) time.Duration {
 }
 
 // deadLetter copies d's message to the DLQ with the reason, then terminates
-// it. If the copy is refused (the DLQ is unreachable, or the durable's
-// budget there is spent) the message is retried, never dropped uncopied:
-// see publishDeadLetter.
-func (c *Consumer) deadLetter(ctx context.Context, d *delivery, reason string) Outcome {
+// it, and reports outcome (OutcomeDeadLettered, or OutcomeExhausted). If the
+// copy is refused (the DLQ is unreachable, or the durable's budget there is
+// spent) the message is naked, never dropped uncopied: the server
+// redelivers it however often it was delivered (exhausted.go).
+func (c *Consumer) deadLetter(ctx context.Context, d *delivery, outcome Outcome, reason string) Outcome {
 	dlq := c.dlqMsg(d.msg.Headers(), d.msg.Data(), d.msg.Subject(), d.meta.Stream, d.meta.Sequence.Stream, d.meta.NumDelivered, reason)
 	if !c.publishDeadLetter(ctx, d, dlq) {
 		return OutcomeRetried
 	}
 	c.deadLettered.Add(1)
-	c.cfg.Observer.Settled(d.ev, OutcomeDeadLettered, d.meta.NumDelivered)
+	c.cfg.Observer.Settled(d.ev, outcome, d.meta.NumDelivered)
 	c.eventLogger(d).WarnContext(ctx, "message dead-lettered",
 		"subject", d.msg.Subject(), "stream_seq", d.meta.Sequence.Stream, "deliveries", d.meta.NumDelivered, "reason", reason)
 	if err := d.msg.TermWithReason("dead-lettered"); err != nil {
 		c.logger.WarnContext(ctx, "term failed; the redelivery will be dead-lettered again and deduplicated",
 			"stream_seq", d.meta.Sequence.Stream, "err", err)
 	}
-	return OutcomeDeadLettered
+	return outcome
 }
 
 // HeaderDLQBodyDropped is the size of a body too large for the DLQ: the
 // entry holds its headers only, and a replay re-reads the original.
 const HeaderDLQBodyDropped = "Onceflow-Dlq-Body-Dropped"
 
-// maxHoldWait bounds the wait between two tries of a dead letter held on
-// its last delivery, so that the hold (InProgress) outlasts any ack wait.
-const maxHoldWait = time.Second
-
 // publishDeadLetter stores dlq, and reports whether it did. A refusal is
-// logged and counted (OutcomeDeadLetterRefused) and the message retried:
-// naked with the usual back-off, or, on its last delivery, where a nak
-// would not bring it back, held in progress and tried again here until
-// stored or the consumer stops.
+// logged and counted (OutcomeDeadLetterRefused) and the message naked with
+// the usual back-off, to be dead-lettered again on its next delivery.
 func (c *Consumer) publishDeadLetter(ctx context.Context, d *delivery, dlq *nats.Msg) bool {
-	last := c.maxDeliver > 0 && d.meta.NumDelivered >= uint64(c.maxDeliver)
-	for attempt := uint64(1); ; attempt++ {
-		_, err := c.js.PublishMsg(ctx, dlq)
-		if errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) && dlq.Data != nil {
-			dlq.Header.Set(HeaderDLQBodyDropped, strconv.Itoa(len(dlq.Data)))
-			dlq.Data = nil
-			_, err = c.js.PublishMsg(ctx, dlq)
-		}
-		if err == nil {
-			return true
-		}
-		c.cfg.Observer.Settled(d.ev, OutcomeDeadLetterRefused, d.meta.NumDelivered)
-		c.eventLogger(d).ErrorContext(ctx, "dead-lettering refused; retrying",
-			"stream_seq", d.meta.Sequence.Stream, "deliveries", d.meta.NumDelivered, "last_delivery", last, "err", err)
-		if !last {
-			if err := d.msg.NakWithDelay(nakDelay(c.cfg.NakDelay, d.meta.NumDelivered)); err != nil {
-				c.logger.WarnContext(ctx, "nak failed; the message will be redelivered after the ack wait",
-					"stream_seq", d.meta.Sequence.Stream, "err", err)
-			}
-			return false
-		}
-		_ = d.msg.InProgress()
-		select {
-		case <-c.stopping:
-			c.eventLogger(d).ErrorContext(ctx, "stopped holding a dead letter the DLQ refused: past MaxDeliver, the broker will not redeliver it",
-				"stream", d.meta.Stream, "stream_seq", d.meta.Sequence.Stream)
-			return false
-		case <-time.After(min(nakDelay(c.cfg.NakDelay, attempt), maxHoldWait)):
-		}
+	_, err := c.js.PublishMsg(ctx, dlq)
+	if errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) && dlq.Data != nil {
+		dlq.Header.Set(HeaderDLQBodyDropped, strconv.Itoa(len(dlq.Data)))
+		dlq.Data = nil
+		_, err = c.js.PublishMsg(ctx, dlq)
 	}
+	if err == nil {
+		return true
+	}
+	c.cfg.Observer.Settled(d.ev, OutcomeDeadLetterRefused, d.meta.NumDelivered)
+	c.eventLogger(d).ErrorContext(ctx, "dead-lettering refused; retrying",
+		"stream_seq", d.meta.Sequence.Stream, "deliveries", d.meta.NumDelivered, "err", err)
+	if err := d.msg.NakWithDelay(nakDelay(c.cfg.NakDelay, d.meta.NumDelivered)); err != nil {
+		c.logger.WarnContext(ctx, "nak failed; the message will be redelivered after the ack wait",
+			"stream_seq", d.meta.Sequence.Stream, "err", err)
+	}
+	return false
 }
 
 // dlqMsg is the DLQ copy of the message with headers orig and data,
@@ -189,8 +169,7 @@ func (c *Consumer) dlqMsg(orig nats.Header, data []byte, subject, stream string,
 	h.Set(HeaderDLQDeliveries, strconv.FormatUint(deliveries, 10))
 	h.Set(HeaderDLQSubject, subject)
 	// One id per stored message: dead-lettering it again (a term that was
-	// lost, a crash after the publish, the max deliveries advisory) is
-	// dropped by the DLQ's dedup.
+	// lost, a crash after the publish) is dropped by the DLQ's dedup.
 	h.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s:%d", c.cfg.Durable, seq))
 	return &nats.Msg{Subject: streams.DLQSubjectPrefix + c.cfg.Durable, Header: h, Data: data}
 }

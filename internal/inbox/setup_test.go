@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -76,20 +77,32 @@ func (e *env) consumer(cfg inbox.Config, h inbox.Handler) *inbox.Consumer {
 // run runs c until the test ends, and then checks that it stops cleanly.
 func run(t *testing.T, c *inbox.Consumer) {
 	t.Helper()
+	runStoppable(t, c)
+}
+
+// runStoppable runs c until stop is called or the test ends; stop returns
+// once Run has, and checks that it stopped cleanly.
+func runStoppable(t *testing.T, c *inbox.Consumer) (stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(waitFor):
+				t.Errorf("Run did not return within %s of its cancellation", waitFor)
 			}
-		case <-time.After(waitFor):
-			t.Errorf("Run did not return within %s of its cancellation", waitFor)
-		}
-	})
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 // start runs a new Consumer until the test ends.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/natsauth"
 	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/internal/streamscan"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -46,6 +47,16 @@ func (v *violations) refused(t *testing.T, subject string) {
 		}
 		return false
 	}, 10*time.Second, 10*time.Millisecond, "no permissions violation for %s", subject)
+}
+
+// provisioned returns a NATS server with the saga's topology provisioned
+// by the provisioner identity.
+func provisioned(t *testing.T) (*testenv.NATS, streams.Topology) {
+	t.Helper()
+	n := testenv.NewNATS(t)
+	topology := streams.Saga(streams.Config{})
+	require.NoError(t, natsauth.Provision(t.Context(), n.Client(streams.Provisioner), topology))
+	return n, topology
 }
 
 // as connects to n as identity, recording violations.
@@ -107,12 +118,13 @@ func TestIdentitiesHaveTheTopologysPermissionsOnly(t *testing.T) {
 	info, err := cons.Info(ctx)
 	require.NoError(t, err)
 	require.Equal(t, uint64(1), info.AckFloor.Stream, "acked")
-	// And read back a message of its stream, as the inbox does for one its
-	// durable gave up on (the max deliveries advisory).
-	orders, err := payment.Stream(ctx, streams.Orders)
-	require.NoError(t, err)
-	_, err = orders.GetMsg(ctx, 1)
-	require.NoError(t, err)
+	// It reads nothing else of the stream: the inbox never reads a message
+	// back (package inbox, exhausted.go).
+	sctx, cancel := short()
+	_, err = payment.Stream(sctx, streams.Orders)
+	cancel()
+	require.Error(t, err)
+	v.refused(t, "$JS.API.STREAM.INFO.ORDERS")
 
 	// Another service's durable it cannot.
 	cctx, cancel := short()
@@ -138,10 +150,8 @@ func publishRefused(t *testing.T, js jetstream.JetStream, v *violations, subject
 // service may publish another durable's dead letters.
 func TestReplaySubjectsAreTheOperatorsAlone(t *testing.T) {
 	t.Parallel()
-	n := testenv.NewNATS(t)
+	n, topology := provisioned(t)
 	ctx := t.Context()
-	topology := streams.Saga(streams.Config{})
-	require.NoError(t, natsauth.Provision(ctx, n.Client(streams.Provisioner), topology))
 
 	for _, c := range topology.Consumers {
 		owner := topology.Owner(c.FilterSubjects[0])
@@ -174,10 +184,8 @@ func TestReplaySubjectsAreTheOperatorsAlone(t *testing.T) {
 // pull from a service's durable.
 func TestTheOperatorCannotTakeAServicesDurable(t *testing.T) {
 	t.Parallel()
-	n := testenv.NewNATS(t)
+	n, topology := provisioned(t)
 	ctx := t.Context()
-	topology := streams.Saga(streams.Config{})
-	require.NoError(t, natsauth.Provision(ctx, n.Client(streams.Provisioner), topology))
 	admin := n.JetStream(t)
 	_, err := admin.Publish(ctx, "orders.placed.v1", []byte("{}"), jetstream.WithMsgID(uuid.NewString()))
 	require.NoError(t, err)
@@ -218,17 +226,59 @@ func TestTheOperatorCannotTakeAServicesDurable(t *testing.T) {
 		require.NoError(t, err, "%s is still there", c.Durable)
 	}
 
-	// What the operator is for still works: its own consumer reads the
-	// stream, pausing a durable, publishing a replay subject.
+	// What the operator is for still works: reading the stream, pausing a
+	// durable, publishing a replay subject.
 	st, err := operator.Stream(ctx, streams.Orders)
 	require.NoError(t, err)
-	oc, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
-	require.NoError(t, err)
-	msg, err := oc.Next(jetstream.FetchMaxWait(5 * time.Second))
-	require.NoError(t, err)
-	require.Equal(t, "orders.placed.v1", msg.Subject())
+	var read []string
+	require.NoError(t, streamscan.Scan(ctx, st, streamscan.Range{}, func(m streamscan.Message) bool {
+		read = append(read, m.Subject)
+		return true
+	}))
+	require.Equal(t, []string{"orders.placed.v1"}, read)
 	_, err = operator.PauseConsumer(ctx, streams.Orders, streams.PaymentOrders, time.Now().Add(time.Minute))
 	require.NoError(t, err)
 	_, err = operator.ResumeConsumer(ctx, streams.Orders, streams.PaymentOrders)
 	require.NoError(t, err)
+}
+
+// The operator creates no consumer of any kind: a push consumer of its own
+// would have the server deliver whatever it can write (a dlqactions entry
+// shaped as an advisory, a stream's events) onto any subject it names, past
+// every permission — the forged MAX_DELIVERIES advisory that once made
+// payment dead-letter an event it had processed. Nor may it publish on the
+// server's advisory subjects, and no service subscribes to one.
+func TestTheOperatorCannotForgeAnAdvisoryOrDeliverOntoOthersSubjects(t *testing.T) {
+	t.Parallel()
+	n, topology := provisioned(t)
+	ctx := t.Context()
+	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 300*time.Millisecond) }
+
+	operator, v := as(t, n, streams.Operator)
+	const advisory = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ORDERS." + streams.PaymentOrders
+	for _, stream := range []string{streams.DLQActions, streams.Orders} {
+		for _, deliver := range []string{advisory, streams.InboxPrefix("payment") + ".guessed", "orders.placed.v1"} {
+			cctx, cancel := short()
+			_, err := operator.CreateConsumer(cctx, stream, jetstream.ConsumerConfig{
+				Name: "forger", DeliverSubject: deliver, AckPolicy: jetstream.AckNonePolicy,
+			})
+			cancel()
+			require.Error(t, err, "a push consumer on %s delivering onto %s", stream, deliver)
+			v.refused(t, "$JS.API.CONSUMER.CREATE."+stream+".forger")
+		}
+		cctx, cancel := short()
+		_, err := operator.CreateConsumer(cctx, stream, jetstream.ConsumerConfig{Name: "reader", AckPolicy: jetstream.AckNonePolicy})
+		cancel()
+		require.Error(t, err, "a pull consumer of its own on %s", stream)
+		v.refused(t, "$JS.API.CONSUMER.CREATE."+stream+".reader")
+	}
+	nc := n.ConnAs(t, streams.Operator, nats.ErrorHandler(v.handler))
+	require.NoError(t, nc.Publish(advisory, []byte(`{"stream":"ORDERS","consumer":"payment-orders","stream_seq":1,"deliveries":10}`)))
+	require.NoError(t, nc.Flush())
+	v.refused(t, advisory)
+
+	for _, service := range topology.Services() {
+		require.Equal(t, []string{streams.InboxPrefix(service) + ".>"}, topology.Permissions(service).Subscribe,
+			"%s subscribes to its own replies only", service)
+	}
 }

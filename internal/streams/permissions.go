@@ -10,7 +10,7 @@ const (
 	// Operator reads the streams and consumers (onceflow audit, onceflow
 	// dlq), may pause them, replays dead letters on their replay subjects
 	// and records what it did with them; it publishes no event of its own
-	// and may not create, delete or pull from the services' durables.
+	// and creates, deletes and pulls from no consumer.
 	Operator = "operator"
 )
 
@@ -21,8 +21,7 @@ type Permissions struct {
 	Publish   []string
 	Subscribe []string
 	// DenyPublish carves out of Publish what a wildcard there would cover
-	// but the identity may not do: an owner's replay subjects, the
-	// operator's hold on the services' durables.
+	// but the identity may not do: an owner's replay subjects.
 	DenyPublish []string
 }
 
@@ -54,13 +53,15 @@ func InboxPrefix(identity string) string { return "_INBOX_" + identity }
 // Permissions returns what identity may do on NATS, derived from t: a
 // service publishes its own streams' subjects but not their replay
 // subjects, and the dead letters of its own durables, and uses the
-// JetStream API only to look up, pull from and ack its own durables and to
-// read back a message of their streams (one its durable gave up on, whose
-// max deliveries advisory it receives); the
+// JetStream API only to look up, pull from and ack its own durables, and
+// subscribes to nothing but its own replies (no advisory: the inbox
+// dead-letters a message on a delivery of its own, package inbox); the
 // Provisioner creates and updates t's streams and durables and publishes
-// nothing else; the Operator reads streams and consumers through
-// consumers of its own, pauses consumers and publishes the replay
-// subjects, but may not create, delete or pull from t's durables. Every
+// nothing else; the Operator reads streams message by message (the
+// stream's message get, internal/streamscan) and consumers' info, pauses
+// consumers and publishes the replay subjects, but creates no consumer: a
+// push consumer's deliveries would reach any subject its creator names,
+// past every permission (nats-server checks none). Every
 // identity receives replies on its own InboxPrefix. An identity t does
 // not know, such as a service that neither publishes nor consumes, may
 // only connect.
@@ -71,26 +72,11 @@ func (t Topology) Permissions(identity string) Permissions {
 		p.Publish = t.provisionerSubjects()
 	case Operator:
 		p.Publish = t.operatorSubjects()
-		p.DenyPublish = t.durableAdmin()
 	default:
 		p.Publish = t.serviceSubjects(identity)
 		p.DenyPublish = t.replaySubjectsIn(p.Publish)
-		p.Subscribe = append(p.Subscribe, t.maxDeliveriesAdvisories(identity)...)
 	}
 	return p
-}
-
-// maxDeliveriesAdvisories are the subjects of JetStream's advisories that a
-// message of one of service's durables reached MaxDeliver: the inbox
-// dead-letters such a message, read back from its stream.
-func (t Topology) maxDeliveriesAdvisories(service string) []string {
-	var sub []string
-	for _, c := range t.Consumers {
-		if c.Service == service {
-			sub = append(sub, "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."+c.Stream+"."+c.Durable)
-		}
-	}
-	return sub
 }
 
 // ReplaySubjects are the replay subjects of t's durables (see
@@ -119,24 +105,6 @@ func (t Topology) replaySubjectsIn(allowed []string) []string {
 	return deny
 }
 
-// durableAdmin is the JetStream API on t's durables that the operator's
-// wildcards cover and only their service (pulling) or the Provisioner
-// (creating) may use: deleting or recreating one would lose its position,
-// and pulling from one would take its messages from the service.
-func (t Topology) durableAdmin() []string {
-	var deny []string
-	for _, c := range t.Consumers {
-		name := c.Stream + "." + c.Durable
-		deny = append(deny,
-			"$JS.API.CONSUMER.CREATE."+name,
-			"$JS.API.CONSUMER.CREATE."+name+".>",
-			"$JS.API.CONSUMER.DELETE."+name,
-			"$JS.API.CONSUMER.MSG.NEXT."+name,
-		)
-	}
-	return deny
-}
-
 func (t Topology) serviceSubjects(service string) []string {
 	// The account info request: jetstream clients ask it to learn that
 	// JetStream is there.
@@ -153,11 +121,6 @@ func (t Topology) serviceSubjects(service string) []string {
 		pub = append(pub,
 			"$JS.API.CONSUMER.INFO."+c.Stream+"."+c.Durable,
 			"$JS.API.CONSUMER.MSG.NEXT."+c.Stream+"."+c.Durable,
-			// Reading back a message its durable gave up on (the max
-			// deliveries advisory), to dead-letter it.
-			"$JS.API.STREAM.INFO."+c.Stream,
-			"$JS.API.STREAM.MSG.GET."+c.Stream,
-			"$JS.API.DIRECT.GET."+c.Stream,
 			// Acks go to the message's reply subject: the server's
 			// $JS.ACK.<stream>.<durable>.<counters>, and its v2 form with
 			// a domain and an account hash before the stream.
@@ -200,14 +163,6 @@ func (t Topology) operatorSubjects() []string {
 			"$JS.API.CONSUMER.INFO."+s.Name+".*",
 			"$JS.API.CONSUMER.NAMES."+s.Name,
 			"$JS.API.CONSUMER.LIST."+s.Name,
-			// The auditor and the DLQ tool read a stream through an
-			// ordered consumer of their own (internal/streamscan), which
-			// expires when they stop. The services' durables are denied
-			// (durableAdmin).
-			"$JS.API.CONSUMER.CREATE."+s.Name+".*",
-			"$JS.API.CONSUMER.CREATE."+s.Name+".*.>",
-			"$JS.API.CONSUMER.MSG.NEXT."+s.Name+".*",
-			"$JS.API.CONSUMER.DELETE."+s.Name+".*",
 			// Pausing a consumer (and resuming it) stops its deliveries
 			// during an incident without losing its position.
 			"$JS.API.CONSUMER.PAUSE."+s.Name+".*",

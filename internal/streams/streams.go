@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -126,10 +127,10 @@ type Config struct {
 	// AckWait (default 30s) must be longer than a handler or a batch needs,
 	// on the slowest day, or its messages are redelivered while it runs
 	// (harmless, the inbox drops them, but wasted work); MaxDeliver
-	// (default 10) bounds the deliveries before the inbox dead-letters a
-	// message; BackOff, when set, is the ack wait of each delivery in turn
-	// (the server takes its first as the AckWait, and wants MaxDeliver
-	// above its length).
+	// (default 10) is how many deliveries run a message's handler before
+	// the inbox dead-letters it (MetadataMaxDeliver); BackOff, when set, is
+	// the ack wait of each delivery in turn (the server takes its first as
+	// the AckWait, and its last for every delivery after).
 	AckWait    time.Duration   `env:"CONSUMER_ACK_WAIT"`
 	MaxDeliver int             `env:"CONSUMER_MAX_DELIVER"`
 	BackOff    []time.Duration `env:"CONSUMER_BACKOFF"`
@@ -138,6 +139,14 @@ type Config struct {
 // MetadataInboxRetention is the consumer metadata key that holds the inbox
 // retention of the service consuming it, as a Go duration.
 const MetadataInboxRetention = "onceflow.inbox.retention"
+
+// MetadataMaxDeliver is the consumer metadata key that holds the inbox's
+// delivery budget (Consumer.MaxDeliver): the deliveries that run a
+// message's handler; the next one dead-letters it. The durable itself is
+// provisioned with an unlimited MaxDeliver: the server never gives up on a
+// message, so no message leaves the durable without the inbox settling it
+// (package inbox).
+const MetadataMaxDeliver = "onceflow.inbox.max_deliver"
 
 // apiTimeout bounds each JetStream API call of Provision. On a cluster a
 // reply can be lost (a route reset while the meta leader answers), and a
@@ -174,8 +183,9 @@ type Consumer struct {
 	// the stream's when empty). Provisioning adds their replay subjects.
 	FilterSubjects []string
 	// AckWait must be longer than a handler (or a batch) needs; BackOff, when
-	// set, replaces it per delivery. MaxDeliver bounds redeliveries, after
-	// which the inbox dead-letters the message.
+	// set, replaces it per delivery. MaxDeliver bounds the deliveries that
+	// run the handler, after which the inbox dead-letters the message
+	// (MetadataMaxDeliver).
 	AckWait       time.Duration
 	BackOff       []time.Duration
 	MaxDeliver    int
@@ -266,15 +276,20 @@ func Provision(ctx context.Context, js jetstream.JetStream, t Topology) error {
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 			AckWait:       cmp.Or(c.AckWait, cfg.AckWait, defaultAckWait),
 			BackOff:       c.BackOff,
-			MaxDeliver:    cmp.Or(c.MaxDeliver, cfg.MaxDeliver, defaultMaxDeliver),
+			// The server never gives up: the inbox does, at the budget in
+			// the metadata, on a delivery it settles (MetadataMaxDeliver).
+			MaxDeliver:    -1,
 			MaxAckPending: cmp.Or(c.MaxAckPending, defaultMaxAckPend),
 			Replicas:      cmp.Or(cfg.Replicas, defaultReplicas),
+			Metadata: map[string]string{
+				MetadataMaxDeliver: strconv.Itoa(cmp.Or(c.MaxDeliver, cfg.MaxDeliver, defaultMaxDeliver)),
+			},
 		}
 		if len(cc.BackOff) == 0 {
 			cc.BackOff = cfg.BackOff
 		}
 		if cfg.InboxRetention > 0 {
-			cc.Metadata = map[string]string{MetadataInboxRetention: cfg.InboxRetention.String()}
+			cc.Metadata[MetadataInboxRetention] = cfg.InboxRetention.String()
 		}
 		if filters := c.Filters(); len(filters) == 1 {
 			cc.FilterSubject = filters[0]

@@ -46,7 +46,8 @@ func TestProvisionIsIdempotent(t *testing.T) {
 		require.NoError(t, err, c.Durable)
 		cfg := cons.CachedInfo().Config
 		require.Equal(t, jetstream.AckExplicitPolicy, cfg.AckPolicy, c.Durable)
-		require.Positive(t, cfg.MaxDeliver, c.Durable)
+		require.Equal(t, -1, cfg.MaxDeliver, "%s: the server never gives up on a message; the inbox does", c.Durable)
+		require.Equal(t, "10", cfg.Metadata[streams.MetadataMaxDeliver], c.Durable)
 		require.Equal(t, c.Durable, cfg.Durable)
 	}
 	// The DLQ: a budget per durable, all of which it has room for.
@@ -131,6 +132,14 @@ func TestProvisionAppliesTheConsumerSettings(t *testing.T) {
 	ctx := t.Context()
 	js := testenv.NewNATS(t).JetStream(t)
 	require.NoError(t, streams.Provision(ctx, js, streams.Saga(streams.Config{})))
+	// A durable an earlier release provisioned gave up on the server's
+	// side, after MaxDeliver deliveries; provisioning takes that away.
+	old, err := js.Consumer(ctx, streams.Orders, streams.PaymentOrders)
+	require.NoError(t, err)
+	oldCfg := old.CachedInfo().Config
+	oldCfg.MaxDeliver, oldCfg.Metadata = 10, nil
+	_, err = js.UpdateConsumer(ctx, streams.Orders, oldCfg)
+	require.NoError(t, err)
 	backOff := []time.Duration{2 * time.Second, 5 * time.Second, 20 * time.Second}
 	topology := streams.Saga(streams.Config{AckWait: 45 * time.Second, MaxDeliver: 7})
 	require.NoError(t, streams.Provision(ctx, js, topology))
@@ -139,7 +148,8 @@ func TestProvisionAppliesTheConsumerSettings(t *testing.T) {
 		require.NoError(t, err, c.Durable)
 		cfg := cons.CachedInfo().Config
 		require.Equal(t, 45*time.Second, cfg.AckWait, c.Durable)
-		require.Equal(t, 7, cfg.MaxDeliver, c.Durable)
+		require.Equal(t, -1, cfg.MaxDeliver, c.Durable)
+		require.Equal(t, "7", cfg.Metadata[streams.MetadataMaxDeliver], c.Durable)
 		require.Empty(t, cfg.BackOff, c.Durable)
 	}
 
@@ -179,16 +189,11 @@ func TestPermissionsFollowTheTopology(t *testing.T) {
 		"$JS.API.INFO",
 		"$JS.API.CONSUMER.INFO.ORDERS.notify-orders", "$JS.API.CONSUMER.MSG.NEXT.ORDERS.notify-orders",
 		"$JS.ACK.ORDERS.notify-orders.>", "$JS.ACK.*.*.ORDERS.notify-orders.>", "dlq.notify-orders",
-		"$JS.API.STREAM.INFO.ORDERS", "$JS.API.STREAM.MSG.GET.ORDERS", "$JS.API.DIRECT.GET.ORDERS",
 		"$JS.API.CONSUMER.INFO.SHIPPING.notify-shipping", "$JS.API.CONSUMER.MSG.NEXT.SHIPPING.notify-shipping",
 		"$JS.ACK.SHIPPING.notify-shipping.>", "$JS.ACK.*.*.SHIPPING.notify-shipping.>", "dlq.notify-shipping",
-		"$JS.API.STREAM.INFO.SHIPPING", "$JS.API.STREAM.MSG.GET.SHIPPING", "$JS.API.DIRECT.GET.SHIPPING",
 	}, notify.Publish)
 	require.Empty(t, notify.DenyPublish, "notify owns no stream")
-	require.Equal(t, []string{"_INBOX_notify.>",
-		"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ORDERS.notify-orders",
-		"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.SHIPPING.notify-shipping",
-	}, notify.Subscribe)
+	require.Equal(t, []string{"_INBOX_notify.>"}, notify.Subscribe, "its own replies, and no advisory")
 
 	shipping := topology.Permissions("shipping")
 	require.Contains(t, shipping.Publish, "shipping.>")
@@ -216,15 +221,17 @@ func TestPermissionsFollowTheTopology(t *testing.T) {
 		require.Contains(t, operator.Publish, r)
 		require.NotContains(t, order.Publish, r)
 	}
-	for _, c := range topology.Consumers {
-		for _, api := range []string{"CREATE", "DELETE", "MSG.NEXT"} {
-			subject := "$JS.API.CONSUMER." + api + "." + c.Stream + "." + c.Durable
-			require.Contains(t, operator.DenyPublish, subject)
-			require.True(t, slices.ContainsFunc(operator.Publish, func(a string) bool { return streams.SubjectMatches(a, subject) }),
-				"%s: the deny is needed: a wildcard allows it", subject)
+	for _, s := range topology.AllStreams() {
+		for _, subject := range []string{
+			"$JS.API.CONSUMER.CREATE." + s.Name, "$JS.API.CONSUMER.CREATE." + s.Name + ".mine",
+			"$JS.API.CONSUMER.CREATE." + s.Name + ".mine.orders.placed.v1", "$JS.API.CONSUMER.DURABLE.CREATE." + s.Name + ".mine",
+			"$JS.API.CONSUMER.DELETE." + s.Name + ".payment-orders", "$JS.API.CONSUMER.MSG.NEXT." + s.Name + ".payment-orders",
+		} {
+			require.False(t, slices.ContainsFunc(operator.Publish, func(a string) bool { return streams.SubjectMatches(a, subject) }),
+				"the operator creates, deletes and pulls from no consumer: %s", subject)
 		}
 	}
-	for _, p := range []streams.Permissions{topology.Permissions(streams.Provisioner), topology.Permissions("nobody")} {
+	for _, p := range []streams.Permissions{operator, topology.Permissions(streams.Provisioner), topology.Permissions("nobody")} {
 		require.Empty(t, p.DenyPublish)
 	}
 	require.Equal(t, []string{"$JS.API.INFO"}, topology.Permissions("nobody").Publish)

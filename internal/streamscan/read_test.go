@@ -1,7 +1,9 @@
 package streamscan
 
 import (
+	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,18 +14,16 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// TestReadThroughUnansweredFetches gives the scan what a busy server or a
-// cluster gives it between two full batches: fetches that come back empty
-// (an expired fetch, with messages still pending) and fetches nobody
-// answers. The scan waits them out and reads every message; one that took
-// an empty fetch for the end of the stream would stop at the first batch.
-func TestReadThroughUnansweredFetches(t *testing.T) {
+// TestReadThroughUnansweredGets gives the scan what a cluster gives it
+// while a stream's leader moves: gets that nobody answers, or that time
+// out. The scan waits them out and reads every message once, in order.
+func TestReadThroughUnansweredGets(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	js := testenv.NewNATS(t).JetStream(t)
 	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "UNANSWERED", Subjects: []string{"unanswered.>"}})
 	require.NoError(t, err)
-	const n = 2 * batch
+	const n = 2*window + 10
 	for i := 1; i <= n; i++ {
 		_, err := js.PublishAsync("unanswered.x", fmt.Appendf(nil, "%d", i))
 		require.NoError(t, err)
@@ -34,28 +34,17 @@ func TestReadThroughUnansweredFetches(t *testing.T) {
 		t.Fatal(ctx.Err())
 	}
 
-	tests := []struct {
-		name string
-		// faults are what the fetches after the first one give instead
-		// of messages, in order.
-		faults []error
-	}{
-		{name: "empty fetches", faults: []error{nil, nil}},
-		{name: "no responders", faults: []error{nats.ErrNoResponders}},
-		{name: "both", faults: []error{nil, nats.ErrNoResponders, nil}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			real, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{InactiveThreshold: inactive})
-			require.NoError(t, err)
-			cons := &faultyConsumer{Consumer: real, faults: tt.faults}
+	for _, fault := range []error{nats.ErrNoResponders, nats.ErrTimeout, context.DeadlineExceeded} {
+		t.Run(fault.Error(), func(t *testing.T) {
+			s := &faultyStream{getter: st, after: window, faults: 3 * window, fault: fault}
 			var seqs []uint64
-			err = read(ctx, cons, n, unanswered, func(m Message) bool {
+			err := read(ctx, s, 1, n, "", unanswered, func(m Message) bool {
+				require.Equal(t, fmt.Sprint(m.Seq), string(m.Data))
 				seqs = append(seqs, m.Seq)
 				return true
 			})
 			require.NoError(t, err)
-			require.Empty(t, cons.faults, "every fault was given")
+			require.Zero(t, s.left(), "every fault was given")
 			require.Len(t, seqs, n)
 			for i, seq := range seqs {
 				require.Equal(t, uint64(i+1), seq)
@@ -64,9 +53,10 @@ func TestReadThroughUnansweredFetches(t *testing.T) {
 	}
 }
 
-// TestReadGivesUpOnAConsumerThatNeverAnswers: a scan waits out unanswered
-// fetches for its patience, then fails, within a small multiple of it.
-func TestReadGivesUpOnAConsumerThatNeverAnswers(t *testing.T) {
+// TestReadGivesUpOnAStreamThatNeverAnswers: a scan waits out unanswered
+// gets for its patience, then fails, within a small multiple of it; any
+// other error fails it at once.
+func TestReadGivesUpOnAStreamThatNeverAnswers(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	js := testenv.NewNATS(t).JetStream(t)
@@ -77,61 +67,46 @@ func TestReadGivesUpOnAConsumerThatNeverAnswers(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	for _, fault := range []error{nil, nats.ErrNoResponders} {
-		t.Run(fmt.Sprint(fault), func(t *testing.T) {
-			const patience = 500 * time.Millisecond
-			silent := make([]error, 1000) // more than a patience's worth of fetches
-			for i := range silent {
-				silent[i] = fault
-			}
-			// The first fetch is answered with the first message, so
-			// that the consumer exists (an empty fetch asks it whether
-			// it is done) and has the second one pending.
-			real, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{InactiveThreshold: inactive})
-			require.NoError(t, err)
-			cons := &faultyConsumer{Consumer: real, faults: silent}
-			start := time.Now()
-			err = read(ctx, cons, 2, patience, func(Message) bool { return true })
-			waited := time.Since(start)
-			require.Error(t, err)
-			require.Contains(t, err.Error(), "unanswered for")
-			require.GreaterOrEqual(t, waited, patience)
-			require.Less(t, waited, 5*patience, "the wait is bounded by the patience")
-		})
-	}
+	const patience = 500 * time.Millisecond
+	s := &faultyStream{getter: st, faults: 1 << 30, fault: nats.ErrNoResponders}
+	start := time.Now()
+	err = read(ctx, s, 1, 2, "", patience, func(Message) bool { return true })
+	waited := time.Since(start)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "unanswered for")
+	require.GreaterOrEqual(t, waited, patience)
+	require.Less(t, waited, 5*patience, "the wait is bounded by the patience")
+
+	s = &faultyStream{getter: st, faults: 1, fault: jetstream.ErrStreamNotFound}
+	err = read(ctx, s, 1, 2, "", patience, func(Message) bool { return true })
+	require.ErrorIs(t, err, jetstream.ErrStreamNotFound)
 }
 
-// faultyConsumer answers its first fetch with one message, then gives its
-// faults one per fetch (nil: an empty batch without an error, as an
-// expired fetch ends), then answers again.
-type faultyConsumer struct {
-	jetstream.Consumer
-	fetched bool
-	faults  []error
+// faultyStream answers its first after gets, then gives fault for the
+// next faults gets, then answers again.
+type faultyStream struct {
+	getter
+	after, faults int
+	fault         error
+
+	mu    sync.Mutex
+	calls int
 }
 
-func (c *faultyConsumer) FetchNoWait(n int) (jetstream.MessageBatch, error) {
-	if !c.fetched {
-		c.fetched = true
-		return c.Consumer.FetchNoWait(1)
+func (s *faultyStream) GetMsg(ctx context.Context, seq uint64, opts ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error) {
+	s.mu.Lock()
+	s.calls++
+	faulty := s.calls > s.after && s.calls <= s.after+s.faults
+	s.mu.Unlock()
+	if faulty {
+		return nil, s.fault
 	}
-	if len(c.faults) == 0 {
-		return c.Consumer.FetchNoWait(n)
-	}
-	err := c.faults[0]
-	c.faults = c.faults[1:]
-	if err != nil {
-		return nil, err
-	}
-	return emptyBatch{}, nil
+	return s.getter.GetMsg(ctx, seq, opts...)
 }
 
-type emptyBatch struct{}
-
-func (emptyBatch) Messages() <-chan jetstream.Msg {
-	ch := make(chan jetstream.Msg)
-	close(ch)
-	return ch
+// left is how many faults are still to be given.
+func (s *faultyStream) left() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return max(s.after+s.faults-s.calls, 0)
 }
-
-func (emptyBatch) Error() error { return nil }
