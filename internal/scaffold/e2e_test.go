@@ -27,6 +27,7 @@ import (
 	"github.com/onceflow/onceflow/internal/cli"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/internal/streamscan"
 	"github.com/onceflow/onceflow/services/order"
 )
 
@@ -443,15 +444,16 @@ func awards(ctx context.Context, t require.TestingT, db *pgx.Conn) map[string]in
 // returns the ids of the events it republished.
 func republish(t *testing.T, js, publisher jetstream.JetStream, subject string, n int) []string {
 	t.Helper()
-	cons, err := js.OrderedConsumer(t.Context(), streams.Orders, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
-	require.NoError(t, err)
-	batch, err := cons.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
+	// The operator reads a stream by message get, as every tool does: it
+	// may create no consumer.
+	st, err := js.Stream(t.Context(), streams.Orders)
 	require.NoError(t, err)
 	var msgs []*nats.Msg
-	for m := range batch.Messages() {
-		msgs = append(msgs, &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
-	}
-	require.NoError(t, batch.Error())
+	err = streamscan.Scan(t.Context(), st, streamscan.Range{Subject: subject}, func(m streamscan.Message) bool {
+		msgs = append(msgs, &nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data})
+		return len(msgs) < n
+	})
+	require.NoError(t, err)
 	var ids []string
 	for _, m := range msgs {
 		ids = append(ids, m.Header.Get(event.HeaderID))
