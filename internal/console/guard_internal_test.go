@@ -266,3 +266,20 @@ func TestErrorsShowNoInternalDetail(t *testing.T) {
 type failingAuth struct{ err error }
 
 func (a failingAuth) Operator(context.Context, string) (Operator, error) { return Operator{}, a.err }
+
+// A search that no order id or customer id could match is a 400, before
+// anything reaches the database (which refuses NUL and invalid UTF-8 as a
+// 500's error).
+func TestOrdersSearchIsAnIDOrACustomer(t *testing.T) {
+	t.Parallel()
+	_, e := newTestServer(t, TokenAuth{Token: "s3cret"}, nil)
+	cookie := signIn(t, e, "s3cret")
+	for _, q := range []string{"%00", "%ff", "a%00b", "two%20words", "%c3%28"} {
+		for _, path := range []string{"/orders", "/orders/rows"} {
+			rr := do(e, http.MethodGet, path+"?q="+q, nil, "Cookie", cookie)
+			require.Equal(t, http.StatusBadRequest, rr.Code, "%s?q=%s", path, q)
+		}
+	}
+	rr := do(e, http.MethodGet, "/orders?q=0190c1d8-7d2e-7a3b-8c4d-5e6f7a8b9c0d", nil, "Cookie", cookie)
+	require.Equal(t, http.StatusSeeOther, rr.Code, "an order id goes to its page")
+}
