@@ -1,6 +1,7 @@
 package compose
 
 import (
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -29,8 +30,11 @@ func TestComposeDemo(t *testing.T) {
 	if why := dockerMissing(t.Context()); why != "" {
 		t.Skip("compose demo: " + why)
 	}
-	// The services export their traces to the profile's Jaeger.
-	environ := append(standIns(t), "OTEL_EXPORTER_OTLP_ENDPOINT=http://jaeger:4318")
+	// The services export their traces to the profile's Jaeger. The
+	// operator secret has no default: the run makes its own, as the README
+	// tells a reader to.
+	secret := rand.Text()
+	environ := append(standIns(t), "OTEL_EXPORTER_OTLP_ENDPOINT=http://jaeger:4318", "ISSUER_OPERATOR_SECRET="+secret)
 	p := &project{name: "onceflow-demo-test", environ: environ}
 	if out, err := p.run(t.Context(), "version"); err != nil {
 		t.Skip("compose demo: no `docker compose` (Compose v2): " + firstLine([]byte(out)))
@@ -45,7 +49,7 @@ func TestComposeDemo(t *testing.T) {
 
 	c := newClient()
 	alice := c.token(t, url.Values{"sub": {"alice"}, "email": {"alice@example.com"}}, "")
-	admin := c.token(t, url.Values{"sub": {"ops"}, "role": {"admin"}}, "onceflow-demo")
+	admin := c.token(t, url.Values{"sub": {"ops"}, "role": {"admin"}}, secret)
 	confirmed, first := readmeCalls(t, c, alice)
 	t.Logf("up to the first CONFIRMED order: %s", confirmed.Sub(up).Round(100*time.Millisecond))
 	cancelledForPlums(t, c, alice)

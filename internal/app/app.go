@@ -310,7 +310,6 @@ func newConsumers(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, subs [
 			BatchHandler: sub.BatchHandler,
 			Workers:      cfg.ConsumerWorkers,
 			Retention:    cfg.InboxRetention,
-			MaxSkew:      cfg.InboxMaxSkew,
 			Observer:     observer,
 			Topology:     &topology,
 		}, sub.Handler, logger)

@@ -42,9 +42,12 @@ type Config struct {
 	ConsumerWorkers   int           `env:"CONSUMER_WORKERS" envDefault:"1"`
 	InboxRetention    time.Duration `env:"INBOX_RETENTION" envDefault:"168h"`
 	// The inbox is partitioned by the events' time, in partitions of
-	// InboxPartitionInterval, dropped past the retention; an event from
-	// further in the future than InboxMaxSkew is dead-lettered
-	// (docs/operating.md sizes them).
+	// InboxPartitionInterval, dropped past the retention and made
+	// InboxMaxSkew (and two intervals) ahead of the clock, so that the
+	// events of a producer whose clock is that fast have their partition
+	// (one further ahead is processed too, its claim waiting in the
+	// DEFAULT partition until its own is made; docs/operating.md sizes
+	// them).
 	InboxPartitionInterval time.Duration `env:"INBOX_PARTITION_INTERVAL" envDefault:"1h"`
 	InboxMaxSkew           time.Duration `env:"INBOX_MAX_SKEW" envDefault:"5m"`
 

@@ -390,3 +390,48 @@ func TestVerifyCachesTheWholeToken(t *testing.T) {
 		require.ErrorIs(t, err, auth.ErrInvalidToken, name)
 	}
 }
+
+// An e-mail the token says is not verified is no address of the caller's;
+// one it says nothing about, or says is verified, is. An e-mail longer
+// than an address can be refuses the token: the cache keeps what Verify
+// returns, and no more than that.
+func TestVerifyKeepsOnlyAVerifiedEmail(t *testing.T) {
+	t.Parallel()
+	iss, v, srv := setup(t)
+	for verified, want := range map[any]string{
+		nil: "carol@example.com", true: "carol@example.com", "true": "carol@example.com",
+		false: "", "false": "", 0: "", "": "",
+	} {
+		c := jwt.MapClaims{
+			"iss": srv.URL, "aud": "onceflow", "sub": "carol", "email": "carol@example.com",
+			"iat": time.Now().Unix(), "exp": time.Now().Add(time.Hour).Unix(),
+		}
+		if verified != nil {
+			c["email_verified"] = verified
+		}
+		tok, err := iss.SignClaims(c)
+		require.NoError(t, err)
+		for range 2 { // verified, then from the cache
+			id, err := v.Verify(t.Context(), tok)
+			require.NoError(t, err)
+			require.Equal(t, want, id.Email, "email_verified %#v", verified)
+		}
+	}
+	unverified := false
+	tok, err := iss.Token(auth.TokenRequest{Subject: "carol", Email: "carol@example.com", EmailVerified: &unverified})
+	require.NoError(t, err)
+	id, err := v.Verify(t.Context(), tok)
+	require.NoError(t, err)
+	require.Empty(t, id.Email, "the dev issuer's email_verified false")
+
+	long := strings.Repeat("a", auth.MaxEmailLength) + "@example.com"
+	_, err = iss.Token(auth.TokenRequest{Subject: "carol", Email: long})
+	require.Error(t, err, "the issuer signs no such address")
+	tok, err = iss.SignClaims(jwt.MapClaims{
+		"iss": srv.URL, "aud": "onceflow", "sub": "carol", "email": long,
+		"iat": time.Now().Unix(), "exp": time.Now().Add(time.Hour).Unix(),
+	})
+	require.NoError(t, err)
+	_, err = v.Verify(t.Context(), tok)
+	require.ErrorIs(t, err, auth.ErrInvalidToken)
+}

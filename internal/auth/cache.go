@@ -2,8 +2,9 @@ package auth
 
 import (
 	"crypto/sha256"
-	"sync"
 	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
 )
 
 // cache keeps the identities of verified tokens until the tokens expire,
@@ -13,18 +14,25 @@ import (
 // beyond its exp, so caching does not lengthen any token's life; it does
 // mean that a key removed from the JWKS stops its cached tokens only at
 // their expiry, as with most resource servers.
+//
+// Its memory is bounded: at most its size of entries, the least recently
+// used dropped first, each a hash and an Identity, whose subject and
+// e-mail Verify bounds (maxSubjectLength, MaxEmailLength): under 600 bytes,
+// some 6 MB for the default 10,000.
 type cache struct {
-	max int
-
-	mu      sync.Mutex
-	entries map[[sha256.Size]byte]Identity
+	entries *lru.Cache[[sha256.Size]byte, Identity]
 }
 
+// newCache is a cache of size tokens, or nil (no cache) for size 0 or less.
 func newCache(size int) *cache {
 	if size <= 0 {
 		return nil
 	}
-	return &cache{max: size, entries: make(map[[sha256.Size]byte]Identity, size)}
+	entries, err := lru.New[[sha256.Size]byte, Identity](size)
+	if err != nil {
+		return nil // only for a size below 1, refused above
+	}
+	return &cache{entries: entries}
 }
 
 // get returns the identity of token if it was verified and has not expired.
@@ -33,38 +41,22 @@ func (c *cache) get(token string, now time.Time) (Identity, bool) {
 		return Identity{}, false
 	}
 	k := sha256.Sum256([]byte(token))
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	id, ok := c.entries[k]
+	id, ok := c.entries.Get(k)
 	if !ok {
 		return Identity{}, false
 	}
 	if !now.Before(id.Expires) {
-		delete(c.entries, k)
+		c.entries.Remove(k)
 		return Identity{}, false
 	}
 	return id, true
 }
 
-// put records that token was verified as id. A full cache drops its
-// expired entries, and all of them if none has expired: simpler than LRU,
-// and a cache that fills with live tokens is only a cache that misses.
-func (c *cache) put(token string, id Identity, now time.Time) {
+// put records that token was verified as id; a full cache drops its least
+// recently used token, which is verified again at its next request.
+func (c *cache) put(token string, id Identity) {
 	if c == nil {
 		return
 	}
-	k := sha256.Sum256([]byte(token))
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.entries) >= c.max {
-		for k, e := range c.entries {
-			if !now.Before(e.Expires) {
-				delete(c.entries, k)
-			}
-		}
-		if len(c.entries) >= c.max {
-			clear(c.entries)
-		}
-	}
-	c.entries[k] = id
+	c.entries.Add(sha256.Sum256([]byte(token)), id)
 }

@@ -55,7 +55,10 @@ type IssuerConfig struct {
 type TokenRequest struct {
 	Subject string
 	Email   string
-	Admin   bool
+	// EmailVerified, when set, is the token's email_verified claim, as an
+	// OIDC provider writes it; nil writes none.
+	EmailVerified *bool
+	Admin         bool
 }
 
 // Issuer is the dev identity provider: an RSA key made at start (and at
@@ -144,6 +147,9 @@ func (i *Issuer) Token(r TokenRequest) (string, error) {
 	if r.Subject == "" || len(r.Subject) > maxSubjectLength {
 		return "", fmt.Errorf("issuer: sub must be 1 to %d characters", maxSubjectLength)
 	}
+	if len(r.Email) > MaxEmailLength {
+		return "", fmt.Errorf("issuer: email must be at most %d characters", MaxEmailLength)
+	}
 	now := time.Now()
 	c := claims{
 		RegisteredClaims: jwt.RegisteredClaims{
@@ -156,6 +162,9 @@ func (i *Issuer) Token(r TokenRequest) (string, error) {
 			ID:        uuid.NewString(),
 		},
 		Email: r.Email,
+	}
+	if r.EmailVerified != nil {
+		c.EmailVerified = *r.EmailVerified
 	}
 	if r.Admin {
 		c.Roles = jwt.ClaimStrings{RoleAdmin}

@@ -46,7 +46,8 @@ type Config struct {
 type Identity struct {
 	// Subject is the token's sub: the customer id.
 	Subject string
-	// Email is the token's email claim, if any.
+	// Email is the token's email claim, if any, unless its email_verified
+	// claim says the address is not verified (see verifiedEmail).
 	Email string
 	// Admin is set when the token's roles (or role) claim has "admin".
 	Admin bool
@@ -64,13 +65,20 @@ var signingMethods = []string{"RS256", "RS384", "RS512", "PS256", "PS384", "PS51
 // maxSubjectLength bounds a subject, as the API bounds every identifier.
 const maxSubjectLength = 128
 
+// MaxEmailLength bounds an e-mail address: RFC 5321's limit on a path. A
+// token whose email claim is longer is refused.
+const MaxEmailLength = 254
+
 // claims are the claims a token is read into: the registered ones, the
-// e-mail and the roles, as a list ("roles") or one value ("role").
+// e-mail and whether it is verified (OIDC's email_verified: a boolean, or
+// a string with some providers), and the roles, as a list ("roles") or one
+// value ("role").
 type claims struct {
 	jwt.RegisteredClaims
-	Email string           `json:"email,omitempty"`
-	Roles jwt.ClaimStrings `json:"roles,omitempty"`
-	Role  jwt.ClaimStrings `json:"role,omitempty"`
+	Email         string           `json:"email,omitempty"`
+	EmailVerified any              `json:"email_verified,omitempty"`
+	Roles         jwt.ClaimStrings `json:"roles,omitempty"`
+	Role          jwt.ClaimStrings `json:"role,omitempty"`
 }
 
 // Verifier verifies tokens. It is safe for concurrent use.
@@ -136,7 +144,7 @@ func (v *Verifier) Verify(ctx context.Context, token string) (Identity, error) {
 	if err != nil {
 		return Identity{}, err
 	}
-	v.cache.put(token, id, now)
+	v.cache.put(token, id)
 	return id, nil
 }
 
@@ -149,10 +157,26 @@ func (v *Verifier) verify(ctx context.Context, token string) (Identity, error) {
 	if c.Subject == "" || len(c.Subject) > maxSubjectLength {
 		return Identity{}, fmt.Errorf("%w: sub must be 1 to %d characters", ErrInvalidToken, maxSubjectLength)
 	}
+	if len(c.Email) > MaxEmailLength {
+		return Identity{}, fmt.Errorf("%w: email must be at most %d characters", ErrInvalidToken, MaxEmailLength)
+	}
 	return Identity{
 		Subject: c.Subject,
-		Email:   c.Email,
+		Email:   verifiedEmail(c),
 		Admin:   slices.Contains(c.Roles, RoleAdmin) || slices.Contains(c.Role, RoleAdmin),
 		Expires: c.ExpiresAt.Time,
 	}, nil
+}
+
+// verifiedEmail is c's e-mail, unless c says it is not verified: an
+// email_verified of false (or "false", or anything but true) makes it no
+// address of the caller's. A token without email_verified keeps its
+// e-mail, as access tokens with an e-mail often carry no such claim: a
+// provider that issues tokens for unverified addresses must say so.
+func verifiedEmail(c claims) string {
+	switch c.EmailVerified {
+	case nil, true, "true":
+		return c.Email
+	}
+	return ""
 }

@@ -34,30 +34,63 @@ import (
 // repoRoot is where docker-compose.yml is.
 const repoRoot = "../.."
 
+// testOperatorSecret is the ISSUER_OPERATOR_SECRET the tests load the
+// compose file with: it has no default.
+const testOperatorSecret = "compose-test-secret"
+
 // loadCompose loads docker-compose.yml as `docker compose` would, with an
-// empty environment: every ${VAR:-default} takes its default. The services
-// of the profiles named are included.
+// environment of ISSUER_OPERATOR_SECRET alone (required): every other
+// ${VAR:-default} takes its default. The services of the profiles named
+// are included.
 func loadCompose(t *testing.T, profiles ...string) *types.Project {
 	t.Helper()
 	return loadComposeEnv(t, nil, profiles...)
 }
 
-// loadComposeEnv is loadCompose with the environment environ.
+// loadComposeEnv is loadCompose with the environment environ besides
+// ISSUER_OPERATOR_SECRET.
 func loadComposeEnv(t *testing.T, environ []string, profiles ...string) *types.Project {
 	t.Helper()
-	if environ == nil {
-		environ = []string{}
+	project, err := tryLoadCompose(t, append([]string{"ISSUER_OPERATOR_SECRET=" + testOperatorSecret}, environ...), profiles)
+	require.NoError(t, err, "docker-compose.yml does not load")
+	return project
+}
+
+// tryLoadCompose loads docker-compose.yml, and the override files, with
+// exactly the environment environ.
+func tryLoadCompose(t *testing.T, environ []string, profiles []string, overrides ...string) (*types.Project, error) {
+	t.Helper()
+	files := []string{filepath.Join(repoRoot, "docker-compose.yml")}
+	for _, f := range overrides {
+		files = append(files, filepath.Join(repoRoot, f))
 	}
-	opts, err := composecli.NewProjectOptions(
-		[]string{filepath.Join(repoRoot, "docker-compose.yml")},
+	opts, err := composecli.NewProjectOptions(files,
 		composecli.WithWorkingDirectory(repoRoot),
 		composecli.WithEnv(environ),
 		composecli.WithProfiles(profiles),
 	)
 	require.NoError(t, err)
-	project, err := composecli.ProjectFromOptions(t.Context(), opts)
-	require.NoError(t, err, "docker-compose.yml does not load")
-	return project
+	return composecli.ProjectFromOptions(t.Context(), opts)
+}
+
+// The operator secret, which gets admin tokens (and so the console and
+// every operator's API), has no working default: the file does not load
+// without one, and the issuer and the seed job get the one given.
+func TestComposeHasNoDefaultOperatorSecret(t *testing.T) {
+	t.Parallel()
+	for _, environ := range [][]string{{}, {"ISSUER_OPERATOR_SECRET="}} {
+		_, err := tryLoadCompose(t, environ, nil)
+		require.ErrorContains(t, err, "set ISSUER_OPERATOR_SECRET to a secret of your own", "%v", environ)
+	}
+	project := loadCompose(t)
+	for _, name := range []string{"issuer", "seed"} {
+		secret := project.Services[name].Environment["ISSUER_OPERATOR_SECRET"]
+		require.NotNil(t, secret, name)
+		require.Equal(t, testOperatorSecret, *secret, name)
+	}
+	raw, err := os.ReadFile(filepath.Join(repoRoot, "docker-compose.yml"))
+	require.NoError(t, err)
+	require.NotContains(t, string(raw), "onceflow-demo", "the old default")
 }
 
 // onceflowServices are the compose services that run the onceflow image,
@@ -452,13 +485,7 @@ func TestComposePostgresIsNotPublished(t *testing.T) {
 	project := loadCompose(t, observabilityProfile)
 	require.Empty(t, project.Services["postgres"].Ports)
 
-	opts, err := composecli.NewProjectOptions(
-		[]string{filepath.Join(repoRoot, "docker-compose.yml"), filepath.Join(repoRoot, "deploy/compose/publish-postgres.yml")},
-		composecli.WithWorkingDirectory(repoRoot),
-		composecli.WithEnv([]string{}),
-	)
-	require.NoError(t, err)
-	withOverride, err := composecli.ProjectFromOptions(t.Context(), opts)
+	withOverride, err := tryLoadCompose(t, []string{"ISSUER_OPERATOR_SECRET=" + testOperatorSecret}, nil, "deploy/compose/publish-postgres.yml")
 	require.NoError(t, err)
 	ports := withOverride.Services["postgres"].Ports
 	require.Len(t, ports, 1)

@@ -78,8 +78,10 @@ It shows all this to operators only: one signs in with a JWT of the
 services' identity provider (AUTH_JWKS_URL, AUTH_ISSUER, AUTH_AUDIENCE)
 whose roles have admin, recorded by its subject, or with
 CONSOLE_OPERATOR_TOKEN (recorded as CONSOLE_OPERATOR_NAME); one of the two
-is required. A sign-in lasts CONSOLE_SESSION_TTL (default 12h) or until
-the token expires; set CONSOLE_SECURE_COOKIE behind a TLS proxy.
+is required. A sign-in is a session the console keeps (the browser's
+cookie holds only its id): it ends at sign-out, after CONSOLE_SESSION_TTL
+(default 12h) or when the token expires, whichever comes first, and when
+the console restarts; set CONSOLE_SECURE_COOKIE behind a TLS proxy.
 
 It answers only the Host names in CONSOLE_HOSTS (comma-separated, "name"
 or "name:port"; default its address and, on a loopback or unspecified

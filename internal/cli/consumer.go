@@ -28,6 +28,11 @@ const consumerUsage = "pause DURABLE [--for D] | resume DURABLE"
 // for ever.
 const defaultPause = time.Hour
 
+// maxPause bounds --for: a day is time to fix what the pause was for, and
+// far past every order's deadline (ORDER_DEADLINE, 15m); a longer pause
+// is one that would be forgotten.
+const maxPause = 24 * time.Hour
+
 // runConsumer pauses or resumes one of the saga's durables through
 // JetStream ($JS.API.CONSUMER.PAUSE): its deliveries stop, its position and
 // unacknowledged messages stay, and the orders waiting on it expire at
@@ -36,8 +41,8 @@ func runConsumer(ctx context.Context, inv invocation, args []string) error {
 	if len(args) > 0 && slices.Contains([]string{"-h", "-help", "--help"}, args[0]) {
 		fmt.Fprintf(inv.stdout, "Usage: onceflow consumer %s\n\n"+
 			"Pause a durable of the saga (its deliveries stop until resumed, or\n"+
-			"until --for has passed, default %s), or resume it. Run with the\n"+
-			"operator's credentials (NATS_URL, NATS_CREDS).\n", consumerUsage, defaultPause)
+			"until --for has passed, default %s, at most %s), or resume it.\n"+
+			"Run with the operator's credentials (NATS_URL, NATS_CREDS).\n", consumerUsage, defaultPause, maxPause)
 		return nil
 	}
 	if len(args) < 2 || (args[0] != "pause" && args[0] != "resume") {
@@ -45,12 +50,15 @@ func runConsumer(ctx context.Context, inv invocation, args []string) error {
 	}
 	verb, durable := args[0], args[1]
 	fs := flagSet("consumer "+verb, "DURABLE [flags]", "Pause or resume a durable of the saga.")
-	pauseFor := fs.Duration("for", defaultPause, "how long the pause lasts at most")
+	pauseFor := fs.Duration("for", defaultPause, "how long the pause lasts at most (at most "+maxPause.String()+")")
 	if err := parse(fs, args[2:], inv.stdout); err != nil {
 		return helped(err)
 	}
-	if fs.NArg() > 0 {
+	switch {
+	case fs.NArg() > 0:
 		return usageError(fs, "unexpected arguments after the durable")
+	case *pauseFor <= 0 || *pauseFor > maxPause:
+		return usageError(fs, fmt.Sprintf("--for must be more than 0 and at most %s", maxPause))
 	}
 	consumers := streams.Saga(streams.Config{}).Consumers
 	i := slices.IndexFunc(consumers, func(c streams.Consumer) bool { return c.Durable == durable })

@@ -49,6 +49,13 @@ func TestConsumerPauseAndResume(t *testing.T) {
 
 	_, _, err = run(t, "consumer", "pause", "nobody-orders")
 	require.ErrorContains(t, err, `"nobody-orders" is not a durable of the saga`)
+	// A pause has a bound: one that outlasts a day is one forgotten.
+	for _, d := range []string{"25h", "8760h", "0s", "-1m"} {
+		_, _, err = run(t, "consumer", "pause", streams.InventoryPayments, "--for", d)
+		require.ErrorContains(t, err, "--for must be more than 0 and at most 24h0m0s", d)
+		ok, _ = paused()
+		require.False(t, ok, "--for %s paused nothing", d)
+	}
 	_, _, err = run(t, "consumer", "stop", streams.InventoryPayments)
 	require.ErrorContains(t, err, "want 'onceflow consumer pause DURABLE")
 }

@@ -20,8 +20,9 @@ var (
 	ErrForbidden = errors.New("not an operator")
 )
 
-// tokenCookie holds the token of a browser that signed in.
-const tokenCookie = "onceflow_console_token"
+// sessionCookieName is the cookie that holds a signed-in browser's
+// session id (see sessions).
+const sessionCookieName = "onceflow_console_session"
 
 // Authorizer decides who is an operator, the only one the console shows
 // anything to or lets act: the seam where the console's authentication
@@ -108,43 +109,78 @@ func (as AnyOf) Operator(ctx context.Context, token string) (Operator, error) {
 	return Operator{}, refusal
 }
 
-// operatorOf is the operator r's credentials name.
+// operatorOf is the operator r's credentials name: the bearer token of
+// its Authorization header, judged alone, else the token its browser's
+// session was started with, while the session lasts.
 func (s *Server) operatorOf(r *http.Request) (Operator, error) {
 	if s.cfg.Auth == nil {
 		return Operator{}, ErrForbidden
 	}
-	return s.cfg.Auth.Operator(r.Context(), requestToken(r))
+	token, ok := bearerToken(r)
+	if !ok {
+		token = s.sessionToken(r)
+	}
+	return s.cfg.Auth.Operator(r.Context(), token)
 }
 
-// sessionCookie is the cookie that keeps op's token in their browser: for
-// this site's own requests only (SameSite=Strict), out of scripts' reach
-// (HttpOnly), over TLS only when the console is served over TLS, and
-// expiring with the token, or after the session limit if sooner.
-func (s *Server) sessionCookie(r *http.Request, token string, op Operator, now time.Time) *http.Cookie {
+// sessionToken is the token of r's session, or "" when it has none or it
+// has ended.
+func (s *Server) sessionToken(r *http.Request) string {
+	c, err := r.Cookie(sessionCookieName)
+	if err != nil {
+		return ""
+	}
+	token, _ := s.sessions.token(c.Value)
+	return token
+}
+
+// startSession starts a session for op, signed in with token, and returns
+// the cookie that keeps its id in their browser: for this site's own
+// requests only (SameSite=Strict), out of scripts' reach (HttpOnly), over
+// TLS only when the console is served over TLS. The session and its cookie
+// end with the token, or after the session limit if sooner.
+func (s *Server) startSession(r *http.Request, token string, op Operator) (*http.Cookie, error) {
+	now := s.sessions.now()
 	expires := now.Add(s.cfg.SessionTTL)
 	if !op.Expires.IsZero() && op.Expires.Before(expires) {
 		expires = op.Expires
 	}
-	return &http.Cookie{
-		Name: tokenCookie, Value: token, Path: "/",
-		Expires: expires, MaxAge: max(1, int(expires.Sub(now).Seconds())),
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil || s.cfg.SecureCookie,
+	id, err := s.sessions.start(token, expires)
+	if err != nil {
+		return nil, err
 	}
+	return &http.Cookie{
+		Name: sessionCookieName, Value: id, Path: "/",
+		Expires: expires, MaxAge: max(1, int(expires.Sub(now).Seconds())),
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: s.secure(r),
+	}, nil
 }
 
-// requestToken is the bearer token of r's Authorization header, else the
-// token its browser signed in with.
-func requestToken(r *http.Request) string {
-	if h := r.Header.Get("Authorization"); h != "" {
-		if t, ok := strings.CutPrefix(h, "Bearer "); ok {
-			return strings.TrimSpace(t)
-		}
-		return ""
+// endSession ends r's session, if it has one, and returns the cookie that
+// removes its id from the browser.
+func (s *Server) endSession(r *http.Request) *http.Cookie {
+	if c, err := r.Cookie(sessionCookieName); err == nil {
+		s.sessions.end(c.Value)
 	}
-	if c, err := r.Cookie(tokenCookie); err == nil {
-		return c.Value
+	return &http.Cookie{Name: sessionCookieName, Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: s.secure(r)}
+}
+
+// secure reports whether the console's cookies are marked Secure for r.
+func (s *Server) secure(r *http.Request) bool { return r.TLS != nil || s.cfg.SecureCookie }
+
+// bearerToken is the bearer token of r's Authorization header, and whether
+// it has that header at all: one of another scheme is no token, and no
+// session either.
+func bearerToken(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	if h == "" {
+		return "", false
 	}
-	return ""
+	t, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok {
+		return "", true
+	}
+	return strings.TrimSpace(t), true
 }
 
 // sameOrigin reports whether a form post comes from the console's own

@@ -65,16 +65,21 @@ func TestJWTAuth(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnauthenticated)
 }
 
-func TestRequestToken(t *testing.T) {
+// A request's Authorization header is judged alone: a bearer token, or,
+// of another scheme, no token and no session either.
+func TestBearerToken(t *testing.T) {
 	t.Parallel()
 	r := httptest.NewRequest(http.MethodPost, "/dlq/1/replay", nil)
-	require.Empty(t, requestToken(r))
-	r.AddCookie(&http.Cookie{Name: tokenCookie, Value: "from-cookie"})
-	require.Equal(t, "from-cookie", requestToken(r))
+	_, ok := bearerToken(r)
+	require.False(t, ok)
 	r.Header.Set("Authorization", "Bearer from-header")
-	require.Equal(t, "from-header", requestToken(r))
+	token, ok := bearerToken(r)
+	require.True(t, ok)
+	require.Equal(t, "from-header", token)
 	r.Header.Set("Authorization", "Basic Zm9vOmJhcg==")
-	require.Empty(t, requestToken(r), "another scheme is no token, and not the cookie's either")
+	token, ok = bearerToken(r)
+	require.True(t, ok, "another scheme is no token, and not the session's either")
+	require.Empty(t, token)
 }
 
 // A form posted from another site is refused, whatever cookie it carries.

@@ -44,8 +44,9 @@ type Config struct {
 	// its port. Others are refused: a DNS-rebinding page would otherwise
 	// be "same origin".
 	Hosts []string
-	// SessionTTL bounds a sign-in: the cookie expires then, or with the
-	// token if sooner; default 12h.
+	// SessionTTL bounds a sign-in: its session (kept by the console, the
+	// cookie holding only its id) ends then, or with the token if sooner;
+	// default 12h. Signing out ends it at once.
 	SessionTTL time.Duration
 	// SecureCookie marks the sign-in cookie Secure although the console
 	// does not serve TLS itself (behind a TLS-terminating proxy); it is
@@ -63,6 +64,7 @@ type Server struct {
 	dlq      *dlq.Store
 	topology streams.Topology
 	pages    map[string]*template.Template
+	sessions *sessions
 }
 
 // services are the lanes of the saga, in order.
@@ -98,6 +100,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Server, err e
 	}
 	s.dlq = dlq.New(s.js, dlq.Config{Topology: s.topology})
 	if s.pages, err = parsePages(); err != nil {
+		return nil, err
+	}
+	if s.sessions, err = newSessions(maxSessions, time.Now); err != nil {
 		return nil, err
 	}
 	return s, nil

@@ -245,7 +245,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	alice, err := s.env.Token("alice", false)
 	require.NoError(t, err)
 	require.NoError(t, chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-		_, err := cdp.Call(ctx, tg, network.SetCookie, network.SetCookieParams{Name: "onceflow_console_token", Value: alice, URL: s.console})
+		_, err := cdp.Call(ctx, tg, network.SetCookie, network.SetCookieParams{Name: "onceflow_console_session", Value: alice, URL: s.console})
 		return err
 	})))
 	s.requireSignInPage(t, ctx, "/orders/"+id)

@@ -22,9 +22,10 @@
 // Every form post must come from the console's own pages (its Origin);
 // requests for a Host the console was not configured for are refused (DNS
 // rebinding); pages may not be framed and run only their own script (a
-// CSP nonce); the sign-in cookie is HttpOnly, SameSite=Strict, expires
-// with its token and is Secure over TLS; errors are logged, the browser
-// sees only that one happened.
+// CSP nonce); a sign-in is a session kept by the console (see sessions),
+// ended at sign-out and at its TTL or its token's expiry, and the browser's
+// cookie holds only its id, HttpOnly, SameSite=Strict and Secure over TLS;
+// errors are logged, the browser sees only that one happened.
 //
 // Live views poll a fragment of their page (no script beyond a few lines
 // inline); every list is a page of bounded size and every live view reads a

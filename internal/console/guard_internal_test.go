@@ -31,7 +31,9 @@ func newTestServer(t *testing.T, a Authorizer, logs *bytes.Buffer) (*Server, *ec
 	if logs == nil {
 		logs = &bytes.Buffer{}
 	}
-	s := &Server{cfg: Config{Auth: a, Live: time.Second, SessionTTL: 12 * time.Hour}, logger: slog.New(slog.NewTextHandler(logs, nil)), pages: pages}
+	sessions, err := newSessions(maxSessions, time.Now)
+	require.NoError(t, err)
+	s := &Server{cfg: Config{Auth: a, Live: time.Second, SessionTTL: 12 * time.Hour}, logger: slog.New(slog.NewTextHandler(logs, nil)), pages: pages, sessions: sessions}
 	return s, s.Handler(consoleHost).(*echo.Echo)
 }
 
@@ -77,7 +79,7 @@ func TestEveryPageNeedsAnOperator(t *testing.T) {
 			continue
 		}
 		path := strings.ReplaceAll(rt.Path, ":id", "1")
-		for _, creds := range [][]string{nil, {"Cookie", tokenCookie + "=not-the-token"}, {"Authorization", "Bearer customer"}} {
+		for _, creds := range [][]string{nil, {"Cookie", sessionCookieName + "=not-the-token"}, {"Authorization", "Bearer customer"}} {
 			rr := do(e, rt.Method, path+"?q=x", url.Values{}, creds...)
 			if rt.Method == http.MethodGet {
 				require.Equal(t, http.StatusSeeOther, rr.Code, "%s %s %v", rt.Method, path, creds)
@@ -112,7 +114,7 @@ func TestHostsTheConsoleAnswers(t *testing.T) {
 			require.Equal(t, http.StatusOK, do(e, http.MethodGet, "/login", nil, "Host", host).Code, host)
 			continue
 		}
-		rr := do(e, http.MethodGet, "/orders", nil, "Host", host, "Cookie", tokenCookie+"=s3cret")
+		rr := do(e, http.MethodGet, "/orders", nil, "Host", host, "Cookie", sessionCookieName+"=s3cret")
 		require.Equal(t, want, rr.Code, host)
 		if host != "" {
 			require.NotContains(t, rr.Body.String(), host, "the refusal does not repeat the name")
@@ -232,7 +234,7 @@ func TestSessionCookie(t *testing.T) {
 		cookies := rr.Result().Cookies()
 		require.Len(t, cookies, 1, name)
 		c := cookies[0]
-		require.Equal(t, tokenCookie, c.Name)
+		require.Equal(t, sessionCookieName, c.Name)
 		require.True(t, c.HttpOnly, name)
 		require.Equal(t, http.SameSiteStrictMode, c.SameSite, name)
 		require.Equal(t, tc.scheme == "https", c.Secure, name)
@@ -249,9 +251,9 @@ func TestErrorsShowNoInternalDetail(t *testing.T) {
 	var logs bytes.Buffer
 	_, e := newTestServer(t, failingAuth{errors.New("dial tcp 10.1.2.3:5432: password authentication failed for user onceflow")}, &logs)
 	for _, rr := range []*httptest.ResponseRecorder{
-		do(e, http.MethodGet, "/orders", nil, "Cookie", tokenCookie+"=x"),
+		do(e, http.MethodGet, "/orders", nil, "Cookie", sessionCookieName+"=x"),
 		do(e, http.MethodPost, "/login", url.Values{"token": {"x"}}),
-		do(e, http.MethodPost, "/dlq/1/replay", url.Values{}, "Cookie", tokenCookie+"=x"),
+		do(e, http.MethodPost, "/dlq/1/replay", url.Values{}, "Cookie", sessionCookieName+"=x"),
 	} {
 		require.Equal(t, http.StatusInternalServerError, rr.Code)
 		require.NotContains(t, rr.Body.String(), "10.1.2.3")
@@ -264,3 +266,20 @@ func TestErrorsShowNoInternalDetail(t *testing.T) {
 type failingAuth struct{ err error }
 
 func (a failingAuth) Operator(context.Context, string) (Operator, error) { return Operator{}, a.err }
+
+// A search that no order id or customer id could match is a 400, before
+// anything reaches the database (which refuses NUL and invalid UTF-8 as a
+// 500's error).
+func TestOrdersSearchIsAnIDOrACustomer(t *testing.T) {
+	t.Parallel()
+	_, e := newTestServer(t, TokenAuth{Token: "s3cret"}, nil)
+	cookie := signIn(t, e, "s3cret")
+	for _, q := range []string{"%00", "%ff", "a%00b", "two%20words", "%c3%28"} {
+		for _, path := range []string{"/orders", "/orders/rows"} {
+			rr := do(e, http.MethodGet, path+"?q="+q, nil, "Cookie", cookie)
+			require.Equal(t, http.StatusBadRequest, rr.Code, "%s?q=%s", path, q)
+		}
+	}
+	rr := do(e, http.MethodGet, "/orders?q=0190c1d8-7d2e-7a3b-8c4d-5e6f7a8b9c0d", nil, "Cookie", cookie)
+	require.Equal(t, http.StatusSeeOther, rr.Code, "an order id goes to its page")
+}

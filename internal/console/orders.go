@@ -31,17 +31,26 @@ type ordersQuery struct {
 	Before    uuid.UUID
 }
 
-func readOrdersQuery(c echo.Context) ordersQuery {
+// readOrdersQuery reads the list's search from c's query, or is a 400 when
+// q is neither an order id nor a customer id, which is all it can find (and
+// a customer id is what reaches the database: no NUL nor invalid UTF-8).
+func readOrdersQuery(c echo.Context) (ordersQuery, error) {
 	q := ordersQuery{Q: strings.TrimSpace(c.QueryParam("q")), Status: c.QueryParam("status")}
 	if !slices.Contains(statuses, q.Status) {
 		q.Status = ""
 	}
 	q.Before, _ = uuid.Parse(c.QueryParam("before"))
-	return q
+	if _, err := uuid.Parse(q.Q); q.Q != "" && err != nil && event.CheckCustomerID(q.Q) != nil {
+		return q, echo.NewHTTPError(http.StatusBadRequest, "search for an order id or a customer id")
+	}
+	return q, nil
 }
 
 func (s *Server) ordersPage(c echo.Context) error {
-	q := readOrdersQuery(c)
+	q, err := readOrdersQuery(c)
+	if err != nil {
+		return err
+	}
 	if id, err := uuid.Parse(q.Q); err == nil {
 		return c.Redirect(http.StatusSeeOther, "/orders/"+id.String())
 	}
@@ -53,7 +62,11 @@ func (s *Server) ordersPage(c echo.Context) error {
 }
 
 func (s *Server) ordersRows(c echo.Context) error {
-	data, err := s.orders(c, readOrdersQuery(c))
+	q, err := readOrdersQuery(c)
+	if err != nil {
+		return err
+	}
+	data, err := s.orders(c, q)
 	if err != nil {
 		return err
 	}

@@ -100,9 +100,9 @@ func (s *Server) loginPage(c echo.Context) error {
 	return s.render(c, http.StatusOK, "login", map[string]any{"Operator": who, "Hint": s.cfg.AuthHint, "Next": localPath(c.QueryParam("next"), "")})
 }
 
-// login keeps the token the operator pasted in a cookie that only this
-// site's own requests carry, and sends them on to next, a path on this
-// site.
+// login starts a session for the token the operator pasted, its id in a
+// cookie that only this site's own requests carry, and sends them on to
+// next, a path on this site.
 func (s *Server) login(c echo.Context) error {
 	if !sameOrigin(c.Request()) {
 		return echo.NewHTTPError(http.StatusForbidden, "a form from another site")
@@ -119,14 +119,20 @@ func (s *Server) login(c echo.Context) error {
 	case err != nil:
 		return err
 	}
-	c.SetCookie(s.sessionCookie(c.Request(), token, op, time.Now()))
+	cookie, err := s.startSession(c.Request(), token, op)
+	if err != nil {
+		return err
+	}
+	c.SetCookie(cookie)
 	return c.Redirect(http.StatusSeeOther, next)
 }
 
+// logout ends the browser's session: its cookie, and any copy of it, signs
+// nobody in any more.
 func (s *Server) logout(c echo.Context) error {
 	if !sameOrigin(c.Request()) {
 		return echo.NewHTTPError(http.StatusForbidden, "a form from another site")
 	}
-	c.SetCookie(&http.Cookie{Name: tokenCookie, Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: c.Request().TLS != nil || s.cfg.SecureCookie})
+	c.SetCookie(s.endSession(c.Request()))
 	return c.Redirect(http.StatusSeeOther, "/login")
 }

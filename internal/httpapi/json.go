@@ -6,6 +6,8 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+	"unicode"
+	"unicode/utf8"
 
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/google/uuid"
@@ -113,6 +115,25 @@ func CheckID(name, v string) error {
 	for _, r := range v {
 		if r <= ' ' || r > '~' {
 			return BadRequest("%s must be printable ASCII without spaces", name)
+		}
+	}
+	return nil
+}
+
+// CheckText is a 400 problem when a free text (a reason, a name) is longer
+// than maxChars characters, is not UTF-8 or has control characters other
+// than tab and line breaks: PostgreSQL stores no NUL, and a terminal or a
+// log shows the others as commands.
+func CheckText(name, v string, maxChars int) error {
+	if utf8.RuneCountInString(v) > maxChars {
+		return BadRequest("%s is longer than %d characters", name, maxChars)
+	}
+	if !utf8.ValidString(v) {
+		return BadRequest("%s is not UTF-8", name)
+	}
+	for _, r := range v {
+		if unicode.IsControl(r) && r != '\t' && r != '\n' && r != '\r' {
+			return BadRequest("%s has a control character (%U)", name, r)
 		}
 	}
 	return nil

@@ -5,12 +5,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"github.com/labstack/echo/v4"
 	"golang.org/x/time/rate"
 )
 
-// maxRateCallers bounds the callers a PerCaller limiter remembers.
-const maxRateCallers = 100_000
+// maxRateCallers bounds the callers a PerCaller limiter remembers, as many
+// as the token cache's default (auth.Config.CacheSize): some 350 bytes
+// each at most, 3.5 MB.
+const maxRateCallers = 10_000
 
 // TooManyRequests is a 429 problem: the caller sent more than its share,
 // and may send again after retryAfter.
@@ -27,7 +30,7 @@ func TooManyRequests(retryAfter time.Duration, format string, args ...any) *Prob
 // the limit is for callers already authenticated. The count is this
 // process's: replicas each allow as much.
 func PerCaller(perSecond float64, burst int, key func(echo.Context) string) echo.MiddlewareFunc {
-	l := &callerLimits{limit: rate.Limit(perSecond), burst: max(burst, 1), max: maxRateCallers, callers: map[string]*rate.Limiter{}}
+	l := newCallerLimits(rate.Limit(perSecond), burst, maxRateCallers)
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			who := key(c)
@@ -42,14 +45,24 @@ func PerCaller(perSecond float64, burst int, key func(echo.Context) string) echo
 	}
 }
 
-// callerLimits are the callers' token buckets.
+// callerLimits are the callers' token buckets: the size most recently
+// seen. A full set forgets the caller least recently seen, whose bucket
+// has had the longest to refill (forgetting a full bucket changes
+// nothing); a caller who keeps calling is never forgotten unless size
+// others call in between, so no crowd of made-up callers empties the
+// buckets of the ones being limited.
 type callerLimits struct {
 	limit rate.Limit
 	burst int
-	max   int // callers remembered
 
 	mu      sync.Mutex
-	callers map[string]*rate.Limiter
+	callers *simplelru.LRU[string, *rate.Limiter]
+}
+
+// newCallerLimits remembers size callers (at least one).
+func newCallerLimits(limit rate.Limit, burst, size int) *callerLimits {
+	callers, _ := simplelru.NewLRU[string, *rate.Limiter](max(size, 1), nil) // fails only for a size below 1
+	return &callerLimits{limit: limit, burst: max(burst, 1), callers: callers}
 }
 
 // take takes one of who's tokens at now, or returns how long until there
@@ -57,11 +70,10 @@ type callerLimits struct {
 func (l *callerLimits) take(who string, now time.Time) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	lim, ok := l.callers[who]
+	lim, ok := l.callers.Get(who)
 	if !ok {
-		l.makeRoom(now)
 		lim = rate.NewLimiter(l.limit, l.burst)
-		l.callers[who] = lim
+		l.callers.Add(who, lim)
 	}
 	r := lim.ReserveN(now, 1)
 	if d := r.DelayFrom(now); d > 0 {
@@ -69,21 +81,4 @@ func (l *callerLimits) take(who string, now time.Time) time.Duration {
 		return d
 	}
 	return 0
-}
-
-// makeRoom forgets, when the map is full, the callers whose buckets have
-// refilled (forgetting them changes nothing), and everyone if none has: a
-// bound on memory that only ever errs towards letting requests through.
-func (l *callerLimits) makeRoom(now time.Time) {
-	if len(l.callers) < l.max {
-		return
-	}
-	for who, lim := range l.callers {
-		if lim.TokensAt(now) >= float64(l.burst) {
-			delete(l.callers, who)
-		}
-	}
-	if len(l.callers) >= l.max {
-		clear(l.callers)
-	}
 }

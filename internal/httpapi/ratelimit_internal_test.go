@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -13,7 +14,7 @@ import (
 func TestCallerLimits(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
-	l := &callerLimits{limit: rate.Limit(0.5), burst: 2, max: 3, callers: map[string]*rate.Limiter{}}
+	l := newCallerLimits(rate.Limit(0.5), 2, 3)
 	require.Zero(t, l.take("alice", now))
 	require.Zero(t, l.take("alice", now))
 	for range 3 {
@@ -21,21 +22,22 @@ func TestCallerLimits(t *testing.T) {
 	}
 	require.Zero(t, l.take("bob", now), "bob's bucket is his own")
 	require.Zero(t, l.take("alice", now.Add(2*time.Second)), "refused requests took nothing")
-
-	// Full, the map forgets whoever has refilled, and else everyone.
-	require.Zero(t, l.take("carol", now))
-	require.Zero(t, l.take("dave", now))
-	require.Len(t, l.callers, 1, "none had refilled: all forgotten but dave")
-	require.Zero(t, l.take("erin", now))
-	require.Zero(t, l.take("frank", now.Add(time.Second)))
-	require.Zero(t, l.take("grace", now.Add(time.Hour)))
-	require.Equal(t, []string{"grace"}, keys(l.callers), "the refilled were forgotten")
 }
 
-func keys(m map[string]*rate.Limiter) []string {
-	var ks []string
-	for k := range m {
-		ks = append(ks, k)
+// A full set of buckets forgets the caller least recently seen, never
+// everyone: a caller being limited stays limited however many made-up
+// callers come by between their requests, up to the bound.
+func TestCallerLimitsForgetTheLeastRecentOnly(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	l := newCallerLimits(rate.Limit(0.001), 1, 100)
+	require.Zero(t, l.take("mallory", now))
+	for i := range 10_000 {
+		require.Zero(t, l.take(fmt.Sprint("made-up-", i), now), "a new caller has a full bucket")
+		if i%50 == 0 {
+			require.Positive(t, l.take("mallory", now), "mallory is still limited after %d others", i+1)
+		}
 	}
-	return ks
+	require.Equal(t, 100, l.callers.Len(), "bounded")
+	require.Zero(t, l.take("mallory", now.Add(time.Hour)), "her bucket refills with time")
 }

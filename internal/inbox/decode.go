@@ -47,17 +47,27 @@ func (c *Consumer) decode(ctx context.Context, msg jetstream.Msg) (d *delivery, 
 // margin) ago, so a redelivery of such an event would not be recognised:
 // it is refused. An event whose own time is that old is too, whatever its
 // id says, so that an event that claims to be ancient is never processed
-// blindly. An event from further in the future than MaxSkew is refused as
-// well: its partition is not made yet.
+// blindly.
+//
+// An event from the future is processed: it is the saga's own when its
+// producer's clock is fast (a replica minutes ahead dates its OrderExpired
+// minutes ahead), and nothing is at risk. Its claim lands in its partition,
+// made INBOX_MAX_SKEW and two intervals ahead, or in the DEFAULT partition,
+// whose rows the maintenance moves into theirs when it makes them, where a
+// redelivery still finds them; its partition goes the retention after its
+// id's time, later than it would have, never sooner. Only an event dated
+// further ahead than the retention is refused: no clock's error explains
+// it, and its claim would wait in the DEFAULT partition for its partition
+// that long.
 func (c *Consumer) inTime(ev event.Envelope, msg jetstream.Msg) error {
 	born, latest := ev.Time, ev.Minted()
 	if latest.Before(born) {
 		born, latest = latest, born
 	}
 	now := time.Now()
-	if ahead := latest.Sub(now); ahead > c.cfg.MaxSkew {
-		return fmt.Errorf("event %s is dated %s in the future, beyond the allowed clock skew of %s",
-			ev.ID, ahead.Round(time.Second), c.cfg.MaxSkew)
+	if ahead := latest.Sub(now); ahead > c.cfg.Retention {
+		return fmt.Errorf("event %s is dated %s in the future, beyond the inbox retention of %s: no clock is that far off",
+			ev.ID, ahead.Round(time.Second), c.cfg.Retention)
 	}
 	if age := now.Sub(born); age > c.cfg.Retention && !c.replayPastRetention(msg) {
 		return fmt.Errorf("event %s is %s old, beyond the inbox retention of %s: it may have been processed already",

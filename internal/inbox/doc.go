@@ -36,8 +36,9 @@
 //   - A message that can never be processed — it does not decode, its
 //     handler returns a permanent error or fails on the last delivery of
 //     the consumer's budget, it is older than the retention period (by its
-//     id's time or its own, whichever is earlier), or it is further in the
-//     future than Config.MaxSkew (its partition would not exist) — is
+//     id's time or its own, whichever is earlier), or further in the
+//     future than that (an event from a producer whose clock is fast is
+//     processed, see inTime) — is
 //     copied to the DLQ stream ("dlq.<durable>", with the reason in a
 //     header) and terminated. A message is terminated only after its copy
 //     was stored; if the copy is refused (NATS fails, or the durable's

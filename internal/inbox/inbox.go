@@ -30,11 +30,6 @@ import (
 // consumer's lag.
 const DefaultRetention = 7 * 24 * time.Hour
 
-// DefaultMaxSkew is how far in the future an event's time may be, by
-// default: the clocks of its producer and consumer may differ by that
-// much.
-const DefaultMaxSkew = 5 * time.Minute
-
 const (
 	defaultBatchSize = 64
 	defaultWorkers   = 1
@@ -125,13 +120,10 @@ type Config struct {
 	// Retention must be the partition maintenance's inbox retention
 	// (default DefaultRetention; partition.InboxTable). An event minted
 	// (or timed) earlier than that may have lost its processed_events
-	// partition, so it is dead-lettered rather than processed blindly.
+	// partition, so it is dead-lettered rather than processed blindly; so
+	// is one dated further ahead than that, which no clock's error
+	// explains (see inTime).
 	Retention time.Duration
-	// MaxSkew is how far past the clock an event's time (its id's or its
-	// own) may be (default DefaultMaxSkew); an event further in the future
-	// is dead-lettered: its claim would land where no partition is made
-	// (the maintenance makes them MaxSkew ahead).
-	MaxSkew time.Duration
 	// Observer, when set, is told of every handler call, transaction and
 	// settled message (metrics, tracing); package app sets it.
 	Observer Observer
@@ -146,8 +138,8 @@ func (cfg Config) validate() error {
 		return errors.New("stream and durable are required")
 	case cfg.BatchSize < 1 || cfg.Workers < 1:
 		return fmt.Errorf("batch size %d and workers %d must be positive", cfg.BatchSize, cfg.Workers)
-	case cfg.NakDelay < 0 || cfg.Retention <= 0 || cfg.MaxSkew <= 0:
-		return fmt.Errorf("retention %s and max skew %s must be positive, nak delay %s not negative", cfg.Retention, cfg.MaxSkew, cfg.NakDelay)
+	case cfg.NakDelay < 0 || cfg.Retention <= 0:
+		return fmt.Errorf("retention %s must be positive, nak delay %s not negative", cfg.Retention, cfg.NakDelay)
 	}
 	return nil
 }
@@ -194,7 +186,6 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, h Handler, logg
 	cfg.Workers = cmp.Or(cfg.Workers, defaultWorkers)
 	cfg.NakDelay = cmp.Or(cfg.NakDelay, defaultNakDelay)
 	cfg.Retention = cmp.Or(cfg.Retention, DefaultRetention)
-	cfg.MaxSkew = cmp.Or(cfg.MaxSkew, DefaultMaxSkew)
 	if cfg.Observer == nil {
 		cfg.Observer = nopObserver{}
 	}

@@ -69,20 +69,48 @@ func TestRedeliveryAcrossPartitionsIsADuplicateAndPastTheirDropRefused(t *testin
 	require.Contains(t, entry.Header.Get(inbox.HeaderDLQReason), "beyond the inbox retention")
 }
 
-// An event from further in the future than the allowed skew is
-// dead-lettered, its claim never made.
-func TestEventsBeyondTheSkewAreDeadLettered(t *testing.T) {
+// An event from a producer whose clock is fast is processed, never
+// dead-lettered: a replica six minutes ahead (beyond INBOX_MAX_SKEW) has its
+// claim in its partition, one thirty hours ahead in the DEFAULT partition,
+// moved into its own when the maintenance makes it; both still answer a
+// redelivery. Only an event dated further ahead than the retention, which
+// no clock explains, is dead-lettered.
+func TestEventsFromAFastClockAreProcessed(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
 	e.withNATS(t)
-	c, _ := e.consume(t, time.Hour)
-	future := eventMintedAt(t, time.Now().Add(inbox.DefaultMaxSkew+time.Hour))
-	near := eventMintedAt(t, time.Now().Add(inbox.DefaultMaxSkew/2))
-	e.publish(t, future)
-	e.publish(t, near)
-	awaitStats(t, c, inbox.Stats{Processed: 1, DeadLettered: 1})
-	require.Zero(t, e.count(t, `SELECT count(*) FROM processed_events WHERE event_id = $1`, future.ID))
-	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, near.ID))
+	// Hour-long partitions made 5m and two intervals ahead, as the
+	// services make them (INBOX_PARTITION_INTERVAL, INBOX_MAX_SKEW).
+	in := partition.InboxTable(time.Hour, 48*time.Hour, 5*time.Minute)
+	maintain := func(now func() time.Time) {
+		m := partition.New(e.db.Pool, partition.Config{Tables: []partition.Table{in}, Now: now}, e.logger)
+		_, err := m.Maintain(t.Context(), in)
+		require.NoError(t, err)
+	}
+	maintain(time.Now)
+	c, _ := e.consume(t, 48*time.Hour)
+	fast := eventMintedAt(t, time.Now().Add(6*time.Minute))
+	far := eventMintedAt(t, time.Now().Add(30*time.Hour))
+	absurd := eventMintedAt(t, time.Now().Add(49*time.Hour))
+	e.publish(t, fast)
+	e.publish(t, far)
+	e.publish(t, absurd)
+	awaitStats(t, c, inbox.Stats{Processed: 2, DeadLettered: 1})
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, fast.ID))
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, far.ID))
+	require.Zero(t, e.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, absurd.ID))
+	require.NotEqual(t, "processed_events_default", e.partitionOf(t, fast.ID))
+	require.Equal(t, "processed_events_default", e.partitionOf(t, far.ID))
+
+	// The maintenance, thirty hours on, makes far's partition and moves its
+	// claim there.
+	maintain(func() time.Time { return time.Now().Add(30 * time.Hour) })
+	require.NotEqual(t, "processed_events_default", e.partitionOf(t, far.ID))
+
+	e.publish(t, fast)
+	e.publish(t, far)
+	awaitStats(t, c, inbox.Stats{Processed: 2, Duplicates: 2, DeadLettered: 1})
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, far.ID))
 }
 
 // Claims made before their partition existed wait in the DEFAULT partition

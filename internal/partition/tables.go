@@ -3,16 +3,18 @@ package partition
 import "time"
 
 // InboxTable is processed_events, partitioned by the time in the event's
-// id, for consumers that refuse events older than retention and further
-// in the future than skew (inbox.Config.Retention and MaxSkew).
+// id, for consumers that refuse events older than retention
+// (inbox.Config.Retention), whose producers' clocks may be up to skew
+// ahead of theirs.
 //
 // A partition goes a margin after the retention: a tenth of it, at least
 // an interval, at most an hour. The margin is the time a consumer may take
 // between its retention guard letting an event through and its claim; past
 // it, the claim of an event whose partition is gone would land in the
 // DEFAULT partition and not see the first claim. Partitions are made
-// beyond skew ahead, so that every event a consumer accepts has its
-// partition.
+// beyond skew ahead, so that the events of a producer whose clock is up
+// to skew fast have their partition; a claim further ahead waits in the
+// DEFAULT partition, moved into its partition when that is made.
 func InboxTable(interval, retention, skew time.Duration) Table {
 	return Table{
 		Name:      "processed_events",

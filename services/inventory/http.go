@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
@@ -128,8 +127,9 @@ func (s *Service) adjust(c echo.Context) error {
 		return httpapi.BadRequest("delta must be between %d and %d, and not 0", -MaxAvailable, MaxAvailable)
 	case strings.TrimSpace(req.Reason) == "":
 		return httpapi.BadRequest("an adjustment needs a reason")
-	case utf8.RuneCountInString(req.Reason) > maxReason:
-		return httpapi.BadRequest("reason is longer than %d characters", maxReason)
+	}
+	if err := httpapi.CheckText("reason", req.Reason, maxReason); err != nil {
+		return err
 	}
 	return httpapi.Idempotent(c, s.idem, body, func(ctx context.Context, tx pgx.Tx, writes *postgres.Pipeline) (int, any, error) {
 		item, err := s.setLevel(ctx, tx, sku, func(cur dbsqlc.LockStockItemRow) (int64, error) {
@@ -167,8 +167,9 @@ func (s *Service) count(c echo.Context) error {
 	switch {
 	case req.Available == nil || *req.Available < 0 || *req.Available > MaxAvailable:
 		return httpapi.BadRequest("available must be between 0 and %d", MaxAvailable)
-	case utf8.RuneCountInString(req.Reason) > maxReason:
-		return httpapi.BadRequest("reason is longer than %d characters", maxReason)
+	}
+	if err := httpapi.CheckText("reason", req.Reason, maxReason); err != nil {
+		return err
 	}
 	match := c.Request().Header.Get("If-Match")
 	if match == "" {

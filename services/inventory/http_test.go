@@ -251,6 +251,10 @@ func TestBadStockRequestsWriteNothing(t *testing.T) {
 		{"blank reason", "", adjustments, nil, []byte(`{"delta":-1,"reason":"  "}`), http.StatusBadRequest},
 		{"long reason", "", adjustments, nil, []byte(`{"delta":-1,"reason":"` + strings.Repeat("x", 201) + `"}`), http.StatusBadRequest},
 		{"delta below the cap", "", adjustments, nil, []byte(`{"delta":-` + tooMany + `,"reason":"x"}`), http.StatusBadRequest},
+		// PostgreSQL stores no NUL: a 500 before the reason was checked.
+		{"NUL in the reason", "", adjustments, nil, []byte(`{"delta":-1,"reason":"a\u0000b"}`), http.StatusBadRequest},
+		{"escape in the reason", "", adjustments, nil, []byte(`{"delta":-1,"reason":"\u001b[2J"}`), http.StatusBadRequest},
+		{"NUL in a count's reason", http.MethodPut, "/stock/apple", http.Header{"If-Match": {`"1"`}}, []byte(`{"available":1,"reason":"\u0000"}`), http.StatusBadRequest},
 		{"count without a level", http.MethodPut, "/stock/apple", http.Header{"If-Match": {`"1"`}}, []byte(`{"available":null}`), http.StatusBadRequest},
 		{"negative count", http.MethodPut, "/stock/apple", http.Header{"If-Match": {`"1"`}}, []byte(`{"available":-1}`), http.StatusBadRequest},
 		{"count without If-Match", http.MethodPut, "/stock/apple", http.Header{}, []byte(`{"available":1}`), http.StatusPreconditionRequired},

@@ -67,8 +67,9 @@ func (s *Service) putProduct(c echo.Context) error {
 	switch {
 	case req.UnitPriceCents == nil || *req.UnitPriceCents < 1 || *req.UnitPriceCents > MaxUnitPriceCents:
 		return httpapi.BadRequest("unit_price_cents must be between 1 and %d", MaxUnitPriceCents)
-	case len(req.Name) > maxProductName:
-		return httpapi.BadRequest("name must be at most %d bytes", maxProductName)
+	}
+	if err := httpapi.CheckText("name", req.Name, maxProductName); err != nil {
+		return err
 	}
 	p, err := s.queries.PutProduct(c.Request().Context(), s.pool, dbsqlc.PutProductParams{Sku: sku, Name: req.Name, UnitPriceCents: *req.UnitPriceCents})
 	if err != nil {
@@ -97,7 +98,16 @@ func (s *Service) listProducts(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	rows, err := s.queries.ListProducts(c.Request().Context(), s.pool, dbsqlc.ListProductsParams{After: c.QueryParam("next"), MaxRows: int32(limit + 1)})
+	// The cursor is the last SKU of the page before: an id like any SKU,
+	// checked before it reaches PostgreSQL (which refuses invalid UTF-8
+	// and NUL as a 500's error).
+	next := c.QueryParam("next")
+	if next != "" {
+		if err := httpapi.CheckID("next", next); err != nil {
+			return err
+		}
+	}
+	rows, err := s.queries.ListProducts(c.Request().Context(), s.pool, dbsqlc.ListProductsParams{After: next, MaxRows: int32(limit + 1)})
 	if err != nil {
 		return fmt.Errorf("list products: %w", err)
 	}

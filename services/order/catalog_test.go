@@ -1,11 +1,16 @@
 package order_test
 
 import (
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/event"
@@ -99,4 +104,52 @@ func TestOrdersArePricedFromTheCatalog(t *testing.T) {
 	require.Contains(t, string(problem), `\"kiwi\"`, "the problem names the SKU")
 	require.Equal(t, 2, countRows(t, svc, "SELECT 1 FROM orders"))
 	require.Zero(t, countRows(t, svc, "SELECT 1 FROM idempotency_keys WHERE key = 'unknown-sku'"), "a refused order keeps no key")
+}
+
+// Nothing malformed in a query or a body reaches PostgreSQL: a cursor, an
+// id or a text it could not store is a 400 problem, never a 500, from an
+// anonymous caller as from anyone.
+func TestMalformedInputIsABadRequest(t *testing.T) {
+	t.Parallel()
+	svc := start(t)
+	cursorOf := func(micros uint64) string {
+		b := binary.BigEndian.AppendUint64(nil, micros)
+		return base64.RawURLEncoding.EncodeToString(append(b, make([]byte, 16)...))
+	}
+	for _, tc := range []struct {
+		path   string
+		header http.Header
+	}{
+		{path: "/products?next=%00"},
+		{path: "/products?next=%ff"},
+		{path: "/products?next=a%00b"},
+		{path: "/products?next=%c3%28"},
+		{path: "/products?next=" + strings.Repeat("a", 129)},
+		{path: "/products?next=two%20words"},
+		{path: "/orders?next=%00", header: svc.As(t, "alice")},
+		{path: "/orders?next=%ff", header: svc.As(t, "alice")},
+		{path: "/orders?next=" + cursorOf(math.MaxInt64), header: svc.As(t, "alice")},
+		{path: "/orders?next=" + cursorOf(1<<63), header: svc.As(t, "alice")},
+		{path: "/orders?next=" + cursorOf(uint64(time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro())), header: svc.As(t, "alice")},
+		{path: "/orders?customer_id=%ff", header: svc.AsAdmin(t)},
+		{path: "/orders?customer_id=%00", header: svc.AsAdmin(t)},
+		{path: "/orders/%ff", header: svc.As(t, "alice")},
+	} {
+		var problem json.RawMessage
+		resp := svc.Do(t, http.MethodGet, tc.path, tc.header, nil, &problem)
+		requireProblem(t, resp, problem, http.StatusBadRequest)
+	}
+	for _, name := range []string{"\\u0000", "a\\u0000b", "\\u001b[31mred", "\\ud800"} {
+		var problem json.RawMessage
+		resp := svc.Do(t, http.MethodPut, "/products/plum", svc.AsAdmin(t), json.RawMessage(`{"name":"`+name+`","unit_price_cents":1}`), &problem)
+		requireProblem(t, resp, problem, http.StatusBadRequest)
+	}
+	for _, body := range []string{
+		`{"customer_email":"a\u0000@example.com","items":[{"sku":"apple","quantity":1}]}`,
+		`{"items":[{"sku":"app\u0000le","quantity":1}]}`,
+	} {
+		var problem json.RawMessage
+		resp := svc.Do(t, http.MethodPost, "/orders", svc.As(t, "alice", key(uuid.NewString())), json.RawMessage(body), &problem)
+		require.Contains(t, []int{http.StatusBadRequest, http.StatusUnprocessableEntity}, resp.StatusCode, body)
+	}
 }

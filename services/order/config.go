@@ -30,11 +30,13 @@ type Config struct {
 
 	// Deadline is how long the saga has to finish an order once placed;
 	// past it, the expirer ends the order EXPIRED and payment and inventory
-	// compensate (docs/saga.md). Zero takes DefaultDeadline.
+	// compensate (docs/saga.md). Zero takes DefaultDeadline; a negative one
+	// is refused (every order would expire as it is placed).
 	Deadline time.Duration `env:"ORDER_DEADLINE" envDefault:"15m"`
 	// ExpiryInterval is the longest the expirer sleeps between two looks
 	// for due orders; it wakes sooner for the earliest deadline it knows.
-	// Zero takes DefaultExpiryInterval.
+	// Zero takes DefaultExpiryInterval; a negative one is refused (the
+	// expirer would never sleep).
 	ExpiryInterval time.Duration `env:"ORDER_EXPIRY_INTERVAL" envDefault:"1s"`
 }
 
@@ -44,5 +46,20 @@ func LoadConfig() (Config, error) {
 	if err != nil {
 		return Config{}, fmt.Errorf("order config: %w", err)
 	}
+	if err := cfg.check(); err != nil {
+		return Config{}, err
+	}
 	return cfg, nil
+}
+
+// check refuses the settings that would break the saga rather than tune
+// it, whether read from the environment or built in code.
+func (c Config) check() error {
+	switch {
+	case c.Deadline < 0:
+		return fmt.Errorf("order config: ORDER_DEADLINE %s is negative: every order would expire as it is placed", c.Deadline)
+	case c.ExpiryInterval < 0:
+		return fmt.Errorf("order config: ORDER_EXPIRY_INTERVAL %s is negative: the expirer would look for due orders without pause", c.ExpiryInterval)
+	}
+	return nil
 }

@@ -26,14 +26,27 @@ func (c cursor) String() string {
 	return base64.RawURLEncoding.EncodeToString(append(b, c.id[:]...))
 }
 
+// parseCursor reads a cursor that String wrote, or one that could be: its
+// time between the years 1 and 9999, as any order's is, so that none
+// reaches PostgreSQL out of its timestamps' range (a 500's error).
 func parseCursor(s string) (cursor, error) {
 	b, err := base64.RawURLEncoding.DecodeString(s)
 	if err != nil || len(b) != 8+16 {
-		return cursor{}, errors.New("not a cursor of this API")
+		return cursor{}, errNotACursor
 	}
 	id, err := uuid.FromBytes(b[8:])
 	if err != nil {
-		return cursor{}, err
+		return cursor{}, errNotACursor
 	}
-	return cursor{createdAt: time.UnixMicro(int64(binary.BigEndian.Uint64(b[:8]))).UTC(), id: id}, nil
+	micros := int64(binary.BigEndian.Uint64(b[:8]))
+	if micros < minCursorTime.UnixMicro() || micros > firstPage.createdAt.UnixMicro() {
+		return cursor{}, errNotACursor
+	}
+	return cursor{createdAt: time.UnixMicro(micros).UTC(), id: id}, nil
 }
+
+// errNotACursor is a next= that no page of GET /orders wrote.
+var errNotACursor = errors.New("not a cursor of this API")
+
+// minCursorTime is the earliest time a cursor may name.
+var minCursorTime = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)

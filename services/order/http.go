@@ -32,8 +32,6 @@ var openAPI []byte
 const (
 	MaxItems    = 100
 	MaxQuantity = 1_000_000
-	// maxEmailLength is RFC 5321's limit on a path.
-	maxEmailLength = 254
 )
 
 // Bounds of GET /orders.
@@ -246,7 +244,7 @@ func (o buyer) check() error {
 	if o.CustomerEmail != "" {
 		addr, err := mail.ParseAddress(o.CustomerEmail)
 		// Only a bare address: it is what notify sends to.
-		if err != nil || addr.Name != "" || addr.Address != o.CustomerEmail || len(o.CustomerEmail) > maxEmailLength {
+		if err != nil || addr.Name != "" || addr.Address != o.CustomerEmail || len(o.CustomerEmail) > auth.MaxEmailLength {
 			return httpapi.BadRequest("customer_email %q is not a plain e-mail address", o.CustomerEmail)
 		}
 	}

@@ -99,15 +99,20 @@ func TestPlaceAndGetOrder(t *testing.T) {
 // An order's e-mails go to the token's verified address: the body may
 // repeat it or leave it out, and any other address is refused, never
 // used nor silently replaced (docs/security.md says so). A token without
-// an e-mail places orders with none.
+// an e-mail, or whose e-mail it says is not verified, places orders with
+// none.
 func TestOrderEmailsGoToTheTokensAddress(t *testing.T) {
 	t.Parallel()
 	svc := start(t)
+	unverified := false
 	for _, tc := range []struct {
 		name, token, body string
+		verified          *bool
 		status            int
 		want              string
 	}{
+		{name: "unverified, left out", token: "mallory@example.net", verified: &unverified, status: http.StatusCreated, want: ""},
+		{name: "unverified, repeated", token: "mallory@example.net", verified: &unverified, body: "mallory@example.net", status: http.StatusUnprocessableEntity},
 		{name: "left out", token: "alice@example.com", status: http.StatusCreated, want: "alice@example.com"},
 		{name: "repeated", token: "alice@example.com", body: "alice@example.com", status: http.StatusCreated, want: "alice@example.com"},
 		{name: "repeated in other case", token: "alice@example.com", body: "Alice@EXAMPLE.com", status: http.StatusCreated, want: "alice@example.com"},
@@ -119,7 +124,7 @@ func TestOrderEmailsGoToTheTokensAddress(t *testing.T) {
 		if tc.body != "" {
 			body["customer_email"] = tc.body
 		}
-		tok, err := svc.Issuer.Token(auth.TokenRequest{Subject: "bob", Email: tc.token})
+		tok, err := svc.Issuer.Token(auth.TokenRequest{Subject: "bob", Email: tc.token, EmailVerified: tc.verified})
 		require.NoError(t, err)
 		var o order.Order
 		out := any(&o)
@@ -135,7 +140,7 @@ func TestOrderEmailsGoToTheTokensAddress(t *testing.T) {
 	}
 	require.Zero(t, countRows(t, svc, "SELECT 1 FROM orders WHERE customer_email <> '' AND customer_email <> 'alice@example.com'"),
 		"no order names another address")
-	require.Zero(t, countRows(t, svc, "SELECT 1 FROM outbox WHERE data::text LIKE '%victim%'"), "nor does any event")
+	require.Zero(t, countRows(t, svc, "SELECT 1 FROM outbox WHERE data::text LIKE '%victim%' OR data::text LIKE '%mallory%'"), "nor does any event")
 }
 
 // One caller's orders beyond their rate are refused with 429 and the

@@ -15,6 +15,9 @@ const Name = "order"
 
 // Run runs the order service until ctx is done.
 func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
+	if err := cfg.check(); err != nil {
+		return err
+	}
 	return app.Run(ctx, Name, cfg.Config, logger, func(d app.Deps) (app.Spec, error) {
 		s := New(d.Pool)
 		s.deadline = cmp.Or(cfg.Deadline, DefaultDeadline)
