@@ -24,7 +24,11 @@
 // wait in the table's DEFAULT partition and are moved into their
 // partition when it is made.
 //
-// The inbox may drop a partition only because its consumers refuse an
-// event older than the retention (inbox.Config.Retention): Table.Retention
-// of processed_events adds a margin to it, see InboxTable.
+// The inbox may drop a partition because its consumers refuse an event
+// older than the retention (inbox.Config.Retention; Table.Retention of
+// processed_events adds a margin to it, see InboxTable), and because the
+// claim refuses an event older than the oldest partition: partition_create
+// and partition_drop keep that floor (partition_floor, in 00014) in the
+// transaction that attaches or detaches, so replicas whose retentions
+// differ agree on it.
 package partition

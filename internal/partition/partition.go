@@ -229,19 +229,21 @@ func (m *Maintainer) create(ctx context.Context, t Table, r span, now time.Time)
 
 // drop detaches part of t, for the outbox only when every row in it was sent
 // longer than the retention ago, in a READ COMMITTED transaction whatever the
-// session's default: the check under the table's lock must see what
-// committed while it waited for it (partition_drop refuses otherwise).
+// session's default: what partition_drop looks at under the table's lock
+// (the outbox's check, the partitions that set the floor) must be what
+// committed while it waited for it (it refuses otherwise).
 func (m *Maintainer) drop(ctx context.Context, t Table, part, lockTimeout string) (bool, error) {
-	if !t.SentOnly {
-		return m.queries.DropPartition(ctx, m.pool, dbsqlc.DropPartitionParams{Parent: t.Name, Part: part, LockTimeout: lockTimeout})
-	}
 	var dropped bool
 	err := pgx.BeginTxFunc(ctx, m.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		var err error
-		dropped, err = m.queries.DropSentPartition(ctx, tx, dbsqlc.DropSentPartitionParams{
-			Parent: t.Name, Part: part, LockTimeout: lockTimeout,
-			Retention: pgtype.Interval{Microseconds: t.Retention.Microseconds(), Valid: true},
-		})
+		if t.SentOnly {
+			dropped, err = m.queries.DropSentPartition(ctx, tx, dbsqlc.DropSentPartitionParams{
+				Parent: t.Name, Part: part, LockTimeout: lockTimeout,
+				Retention: pgtype.Interval{Microseconds: t.Retention.Microseconds(), Valid: true},
+			})
+		} else {
+			dropped, err = m.queries.DropPartition(ctx, tx, dbsqlc.DropPartitionParams{Parent: t.Name, Part: part, LockTimeout: lockTimeout})
+		}
 		return err
 	})
 	return dropped, err

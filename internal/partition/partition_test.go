@@ -11,7 +11,6 @@ import (
 	"github.com/onceflow/onceflow/internal/inbox"
 	"github.com/onceflow/onceflow/internal/outbox"
 	"github.com/onceflow/onceflow/internal/partition"
-	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -58,15 +57,8 @@ func TestRedeliveryAcrossPartitionsIsADuplicateAndPastTheirDropRefused(t *testin
 
 	c, _ = e.consume(t, retention)
 	e.publish(t, ev)
-	awaitStats(t, c, inbox.Stats{DeadLettered: 1})
-	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, ev.ID))
-	require.Zero(t, e.count(t, `SELECT count(*) FROM processed_events WHERE event_id = $1`, ev.ID))
 	// Refused by the retention guard, not by anything else.
-	dlq, err := e.js.Stream(t.Context(), streams.DLQ)
-	require.NoError(t, err)
-	entry, err := dlq.GetLastMsgForSubject(t.Context(), streams.DLQSubjectPrefix+testDurable)
-	require.NoError(t, err)
-	require.Contains(t, entry.Header.Get(inbox.HeaderDLQReason), "beyond the inbox retention")
+	e.requireDeadLettered(t, c, ev, "beyond the inbox retention")
 }
 
 // An event from further in the future than the allowed skew is

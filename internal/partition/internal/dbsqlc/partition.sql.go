@@ -27,7 +27,7 @@ type CreatePartitionParams struct {
 
 // Adds the partition [@lo, @hi) of @parent, partitioned by @key, moving
 // into it the DEFAULT partition's rows in that range (partition_create in
-// db/migrations/platform/00008). @exclusive locks the table out for
+// db/migrations/platform/00011). @exclusive locks the table out for
 // writers for the attach: a range where writes may be under way. False: it
 // existed.
 func (q *Queries) CreatePartition(ctx context.Context, db DBTX, arg CreatePartitionParams) (bool, error) {
@@ -68,8 +68,9 @@ type DropPartitionParams struct {
 	LockTimeout string
 }
 
-// Detaches @part, a partition of @parent (partition_drop in 00011);
-// DropDetached drops it.
+// Detaches @part, a partition of @parent, and raises the floor below which
+// a claim is refused when @part was the lowest (partition_drop in 00014);
+// DropDetached drops it. In a READ COMMITTED transaction.
 func (q *Queries) DropPartition(ctx context.Context, db DBTX, arg DropPartitionParams) (bool, error) {
 	row := db.QueryRow(ctx, dropPartition, arg.Parent, arg.Part, arg.LockTimeout)
 	var dropped bool
