@@ -1,7 +1,8 @@
 // Package partition keeps the time-partitioned tables of a service's
 // database, the inbox (processed_events, by the time in the event's id)
 // and the outbox (by the time its rows were written): a Maintainer adds
-// partitions ahead of the clock and drops whole partitions once they are
+// partitions ahead of the clock (Table.Reach: hours, for a maintenance kept
+// from its locks that long) and drops whole partitions once they are
 // past their retention, so that retention costs a catalog change, never a
 // DELETE per row, its WAL and its dead tuples.
 //

@@ -17,6 +17,17 @@ import (
 )
 
 const (
+	// DefaultAhead is how far past the clock (and Accepts) partitions
+	// reach, unless that is more than MaxPartitionsAhead intervals: long
+	// enough for a maintenance kept from its locks for hours (a long reader
+	// of the table holds its DEFAULT partition, which each create locks) to
+	// leave no row to the DEFAULT partition.
+	DefaultAhead = 6 * time.Hour
+	// MaxPartitionsAhead bounds the partitions made ahead: every partition
+	// of the outbox costs the relay's claim, which reads them all, a few
+	// index probes (some 30µs a partition, measured on an empty outbox).
+	MaxPartitionsAhead = 12
+
 	// Writers that come while a step waits for its lock queue behind it:
 	// they wait as long as the step waits, and then as long as it holds
 	// the lock. 20ms of waiting and a few of holding keep them well under
@@ -37,10 +48,15 @@ type Table struct {
 	Interval time.Duration
 	// Accepts is how far past the clock rows may be written (the inbox's
 	// allowed skew; none in the outbox, written at the time of its
-	// transaction). Partitions are made two intervals further ahead, so
-	// that a new partition's range is one where nobody writes yet, and
-	// attaching it keeps no writer waiting.
+	// transaction). Partitions are made at least two intervals further
+	// ahead, so that a new partition's range is one where nobody writes
+	// yet, and attaching it keeps no writer waiting.
 	Accepts time.Duration
+	// Ahead is how far past Accepts partitions reach (default
+	// DefaultAhead, at most MaxPartitionsAhead intervals; at least two
+	// intervals): how long a maintenance may be kept from its locks before
+	// rows go to the DEFAULT partition.
+	Ahead time.Duration
 	// Retention: a partition whose upper bound is older than it is dropped.
 	Retention time.Duration
 	// SentOnly keeps an outbox partition while it holds a row unsent or sent
@@ -50,11 +66,19 @@ type Table struct {
 }
 
 func (t Table) validate() error {
-	if t.Name == "" || t.Key == "" || t.Interval < time.Second || t.Retention <= 0 || t.Accepts < 0 {
-		return fmt.Errorf("partitioned table %q (key %q): interval %s must be at least a second, retention %s positive, accepts %s not negative",
-			t.Name, t.Key, t.Interval, t.Retention, t.Accepts)
+	if t.Name == "" || t.Key == "" || t.Interval < time.Second || t.Retention <= 0 || t.Accepts < 0 || t.Ahead < 0 {
+		return fmt.Errorf("partitioned table %q (key %q): interval %s must be at least a second, retention %s positive, accepts %s and ahead %s not negative",
+			t.Name, t.Key, t.Interval, t.Retention, t.Accepts, t.Ahead)
 	}
 	return nil
+}
+
+// Reach is how far past the clock the partitions of t are made: Accepts,
+// and then Ahead (or DefaultAhead) within two and MaxPartitionsAhead
+// intervals.
+func (t Table) Reach() time.Duration {
+	ahead := min(cmp.Or(t.Ahead, DefaultAhead), MaxPartitionsAhead*t.Interval)
+	return t.Accepts + max(ahead, 2*t.Interval)
 }
 
 // Config configures a Maintainer. Zero values take the defaults.
@@ -159,8 +183,8 @@ func (m *Maintainer) Run(ctx context.Context) error {
 	}
 }
 
-// Maintain runs one round on t: it adds the partitions missing up to two
-// intervals past Accepts and drops those past t.Retention: detaches them,
+// Maintain runs one round on t: it adds the partitions missing up to
+// t.Reach() past the clock and drops those past t.Retention: detaches them,
 // which holds the table's lock for a catalog change, and then drops them
 // in a transaction of their own, whose commit waits for a WAL flush under
 // no lock the table's writers take.
@@ -299,13 +323,13 @@ func (m *Maintainer) step(ctx context.Context, table, op string, run func(lockTi
 // span is a partition's range [lo, hi).
 type span struct{ lo, hi time.Time }
 
-// missing is the partitions to add to t so that they reach two intervals
-// past Accepts: from the upper bound of the last partition on, in steps
+// missing is the partitions to add to t so that they reach t.Reach() past
+// the clock: from the upper bound of the last partition on, in steps
 // aligned on the interval. A gap since the last partition older than
 // an interval (a database migrated long before its maintenance first ran)
 // is covered by one partition up to the current interval.
 func missing(t Table, parts []dbsqlc.PartitionsRow, now time.Time) []span {
-	until := now.Add(t.Accepts + 2*t.Interval)
+	until := now.Add(t.Reach())
 	from := now.Truncate(t.Interval)
 	var last time.Time
 	for _, p := range parts {
