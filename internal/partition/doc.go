@@ -13,7 +13,9 @@
 // it. A partition is made with its indexes before the locks writers wait
 // behind are taken; dropping one holds its table's ACCESS EXCLUSIVE lock
 // only to detach it, and the detached table is dropped afterwards, so
-// that the drop's WAL flush at commit keeps no writer waiting. Both steps
+// that the drop's WAL flush at commit keeps no writer waiting (waiting for
+// its lock at most Config.LockTimeout too: one still in use is dropped at
+// a later round). Both steps
 // commit without waiting for their own flush: a step lost in a crash is
 // done again. An outbox partition is dropped only when every row in it
 // is sent and was sent longer than the re-drive window ago

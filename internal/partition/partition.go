@@ -274,15 +274,25 @@ func (m *Maintainer) drop(ctx context.Context, t Table, part, lockTimeout string
 }
 
 // dropDetached drops the partitions of t that drops detached, under no lock
-// that the table's writers take.
+// that the table's writers take, each waited for at most the lock timeout:
+// one that a session still holds is kept for a later round, and this one
+// goes on.
 func (m *Maintainer) dropDetached(ctx context.Context, t Table) error {
 	start := time.Now()
-	_, err := m.queries.DropDetached(ctx, m.pool, t.Name)
+	res, err := m.queries.DropDetached(ctx, m.pool, dbsqlc.DropDetachedParams{Parent: t.Name, LockTimeout: m.lockTimeout()})
 	m.cfg.Observer.Step(t.Name, "drop_detached", time.Since(start), err)
 	if err != nil {
 		return fmt.Errorf("drop detached partitions of %s: %w", t.Name, err)
 	}
+	if res.Locked > 0 {
+		m.logger.WarnContext(ctx, "detached partitions in use kept for a later round", "table", t.Name, "kept", res.Locked)
+	}
 	return nil
+}
+
+// lockTimeout is Config.LockTimeout as PostgreSQL's lock_timeout setting.
+func (m *Maintainer) lockTimeout() string {
+	return fmt.Sprintf("%dms", max(m.cfg.LockTimeout.Milliseconds(), 1))
 }
 
 // prunePositions deletes the relay's positions older than the retention, but
@@ -301,7 +311,7 @@ func (m *Maintainer) prunePositions(ctx context.Context, t Table) error {
 // step runs one create or drop, again while it runs out of lock_timeout,
 // with a growing pause that lets the transactions it waited for finish.
 func (m *Maintainer) step(ctx context.Context, table, op string, run func(lockTimeout string) (bool, error)) (bool, error) {
-	lockTimeout := fmt.Sprintf("%dms", max(m.cfg.LockTimeout.Milliseconds(), 1))
+	lockTimeout := m.lockTimeout()
 	var err error
 	for attempt := range m.cfg.Attempts {
 		start := time.Now()

@@ -249,11 +249,7 @@ func TestAPartitionLeftDetachedGoesAtTheNextRound(t *testing.T) {
 	_, err := m.Maintain(t.Context(), in)
 	require.NoError(t, err)
 
-	var part string
-	require.NoError(t, e.db.Pool.QueryRow(t.Context(),
-		`SELECT name FROM partitions_of('processed_events') WHERE NOT is_default ORDER BY lo LIMIT 1`).Scan(&part))
-	_, err = e.db.Pool.Exec(t.Context(), `ALTER TABLE processed_events DETACH PARTITION `+pgx.Identifier{part}.Sanitize())
-	require.NoError(t, err)
+	part := e.detachLowest(t) // as a process that stopped in between leaves it
 	_, err = e.db.Pool.Exec(t.Context(), `CREATE TABLE processed_events_notes (note text)`)
 	require.NoError(t, err)
 	require.True(t, e.exists(t, part))
@@ -263,4 +259,34 @@ func TestAPartitionLeftDetachedGoesAtTheNextRound(t *testing.T) {
 	require.Zero(t, res.Dropped, "nothing is past the retention")
 	require.False(t, e.exists(t, part), "detached partition %s kept", part)
 	require.True(t, e.exists(t, "processed_events_notes"))
+}
+
+// A leftover detached table that a session holds is waited for no longer
+// than the lock timeout: the round goes on (its partitions made), the table
+// is kept, and a later round drops it once the session let it go.
+func TestALockedLeftoverDoesNotStallTheRound(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	now := time.Now()
+	m, in, _ := e.maintainer(time.Hour, time.Hour, func() time.Time { return now })
+	_, err := m.Maintain(t.Context(), in)
+	require.NoError(t, err)
+
+	part := e.detachLowest(t) // as a process that stopped in between leaves it
+	holder := testenv.Begin(t, e.db.Pool)
+	_, err = holder.Exec(t.Context(), `SELECT count(*) FROM `+pgx.Identifier{part}.Sanitize())
+	require.NoError(t, err)
+
+	now = now.Add(time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), waitFor)
+	defer cancel()
+	res, err := m.Maintain(ctx, in)
+	require.NoError(t, err, "the round goes on")
+	require.Positive(t, res.Created)
+	require.True(t, e.exists(t, part), "kept while it is held")
+
+	require.NoError(t, holder.Rollback(context.WithoutCancel(t.Context())))
+	_, err = m.Maintain(t.Context(), in)
+	require.NoError(t, err)
+	require.False(t, e.exists(t, part), "dropped once let go")
 }

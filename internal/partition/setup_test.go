@@ -196,3 +196,16 @@ func (e *env) requireDeadLettered(t *testing.T, c *inbox.Consumer, ev event.Enve
 	require.Contains(t, entry.Header.Get(inbox.HeaderDLQReason), reason)
 	require.Contains(t, entry.Header.Get(inbox.HeaderDLQReason), "beyond the inbox retention")
 }
+
+// detachLowest detaches the lowest partition of processed_events but
+// DEFAULT, and returns its name: a leftover a drop leaves when its process
+// stops between the detach and the drop.
+func (e *env) detachLowest(t *testing.T) string {
+	t.Helper()
+	var part string
+	require.NoError(t, e.db.Pool.QueryRow(t.Context(),
+		`SELECT name FROM partitions_of('processed_events') WHERE NOT is_default ORDER BY lo LIMIT 1`).Scan(&part))
+	_, err := e.db.Pool.Exec(t.Context(), `ALTER TABLE processed_events DETACH PARTITION `+pgx.Identifier{part}.Sanitize())
+	require.NoError(t, err)
+	return part
+}

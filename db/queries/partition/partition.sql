@@ -35,8 +35,11 @@ SELECT partition_drop(@parent::text, @part::text, @lock_timeout::text, now() - @
 -- name: DropDetached :one
 -- Drops the tables DropPartition and DropSentPartition detached from
 -- @parent, each in this statement's transaction, which holds no lock that
--- the table's writers take (partition_drop_detached in 00011).
-SELECT partition_drop_detached(@parent::text)::integer AS dropped;
+-- the table's writers take, waiting for each at most @lock_timeout: one
+-- still in use is kept, counted in locked, for a later round
+-- (partition_drop_detached in 00015).
+SELECT d.dropped::integer AS dropped, d.locked::integer AS locked
+FROM partition_drop_detached(@parent::text, @lock_timeout::text) AS d;
 
 -- name: PruneOutboxPositions :execrows
 -- Deletes the relay's positions recorded before the one a redrive to
