@@ -104,14 +104,20 @@ type Observer interface {
 	// Step is one create or drop: how long it took (its locks included, the
 	// longest it kept the table's writers waiting) and how it ended.
 	Step(table, op string, d time.Duration, err error)
-	// Partitions is the number of partitions of table after a round.
-	Partitions(table string, n int)
+	// Partitions is the state of table after a round, also one that
+	// failed once it had listed them: n partitions, its DEFAULT partition
+	// included, the last of which ends at until.
+	Partitions(table string, n int, until time.Time)
+	// Maintained is the end of a round on table that succeeded, at the
+	// maintenance's clock.
+	Maintained(table string, at time.Time)
 }
 
 type nopObserver struct{}
 
 func (nopObserver) Step(string, string, time.Duration, error) {}
-func (nopObserver) Partitions(string, int)                    {}
+func (nopObserver) Partitions(string, int, time.Time)         {}
+func (nopObserver) Maintained(string, time.Time)              {}
 
 // Result is what a round did to a table.
 type Result struct {
@@ -119,8 +125,11 @@ type Result struct {
 	Dropped int // partitions dropped
 	Kept    int // outbox partitions past retention kept for unsent or recently sent rows
 	// Partitions is how many partitions the table has after the round, its
-	// DEFAULT partition included.
+	// DEFAULT partition included, and Until the upper bound of the last
+	// one: also after a round that failed, unless it failed before it
+	// listed them (Until zero).
 	Partitions int
+	Until      time.Time
 }
 
 // Maintainer keeps the partitions of its tables.
@@ -189,6 +198,18 @@ func (m *Maintainer) Run(ctx context.Context) error {
 // in a transaction of their own, whose commit waits for a WAL flush under
 // no lock the table's writers take.
 func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
+	res, err := m.maintain(ctx, t)
+	if !res.Until.IsZero() {
+		m.cfg.Observer.Partitions(t.Name, res.Partitions, res.Until)
+	}
+	if err == nil {
+		m.cfg.Observer.Maintained(t.Name, m.cfg.Now())
+	}
+	return res, err
+}
+
+// maintain is Maintain's round, which counts the partitions as it goes.
+func (m *Maintainer) maintain(ctx context.Context, t Table) (Result, error) {
 	var res Result
 	// Those a process that stopped left detached first: a leftover holds
 	// the name of the partition its range would be made in again.
@@ -199,6 +220,7 @@ func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
 	if err != nil {
 		return res, fmt.Errorf("list partitions of %s: %w", t.Name, err)
 	}
+	res.Partitions, res.Until = len(parts), lastBound(parts)
 	now := m.cfg.Now()
 	for _, r := range missing(t, parts, now) {
 		ok, err := m.create(ctx, t, r, now)
@@ -207,6 +229,8 @@ func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
 		}
 		if ok {
 			res.Created++
+			res.Partitions++
+			res.Until = r.hi
 		}
 	}
 	for _, p := range expired(t, parts, now) {
@@ -218,6 +242,7 @@ func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
 		}
 		if ok {
 			res.Dropped++
+			res.Partitions--
 		} else {
 			res.Kept++
 		}
@@ -232,8 +257,6 @@ func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
 			return res, err
 		}
 	}
-	res.Partitions = len(parts) + res.Created - res.Dropped
-	m.cfg.Observer.Partitions(t.Name, res.Partitions)
 	return res, nil
 }
 
@@ -341,12 +364,7 @@ type span struct{ lo, hi time.Time }
 func missing(t Table, parts []dbsqlc.PartitionsRow, now time.Time) []span {
 	until := now.Add(t.Reach())
 	from := now.Truncate(t.Interval)
-	var last time.Time
-	for _, p := range parts {
-		if !p.IsDefault && p.Hi.After(last) {
-			last = p.Hi
-		}
-	}
+	last := lastBound(parts)
 	var spans []span
 	switch {
 	case last.IsZero():
@@ -361,6 +379,18 @@ func missing(t Table, parts []dbsqlc.PartitionsRow, now time.Time) []span {
 		lo = hi
 	}
 	return spans
+}
+
+// lastBound is the upper bound of the last of parts but DEFAULT; zero if
+// there is none.
+func lastBound(parts []dbsqlc.PartitionsRow) time.Time {
+	var last time.Time
+	for _, p := range parts {
+		if !p.IsDefault && p.Hi.After(last) {
+			last = p.Hi
+		}
+	}
+	return last
 }
 
 // expired is the partitions of t whose upper bound is older than the
