@@ -14,6 +14,8 @@ import (
 type partitionObserver struct {
 	steps      *prometheus.HistogramVec
 	partitions *prometheus.GaugeVec
+	until      *prometheus.GaugeVec
+	maintained *prometheus.GaugeVec
 }
 
 var _ partition.Observer = partitionObserver{}
@@ -28,10 +30,18 @@ func newPartitionObserver(reg prometheus.Registerer) (partitionObserver, error) 
 		}, []string{"table", "op", "result"}),
 		partitions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "onceflow_partitions",
-			Help: "Partitions of a time-partitioned table (processed_events, outbox) after the last maintenance, its DEFAULT partition included.",
+			Help: "Partitions of a time-partitioned table (processed_events, outbox) after the last maintenance round, failed or not, its DEFAULT partition included.",
+		}, []string{"table"}),
+		until: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "onceflow_partitions_until_timestamp_seconds",
+			Help: "Upper bound of the last partition of a time-partitioned table after the last maintenance round, failed or not, in Unix seconds: rows later than it go to the DEFAULT partition.",
+		}, []string{"table"}),
+		maintained: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "onceflow_partition_maintenance_last_success_timestamp_seconds",
+			Help: "End of the last partition maintenance round of a table that succeeded, in Unix seconds.",
 		}, []string{"table"}),
 	}
-	return o, errors.Join(reg.Register(o.steps), reg.Register(o.partitions))
+	return o, errors.Join(reg.Register(o.steps), reg.Register(o.partitions), reg.Register(o.until), reg.Register(o.maintained))
 }
 
 func (o partitionObserver) Step(table, op string, d time.Duration, err error) {
@@ -46,8 +56,13 @@ func (o partitionObserver) Step(table, op string, d time.Duration, err error) {
 	o.steps.WithLabelValues(table, op, result).Observe(d.Seconds())
 }
 
-func (o partitionObserver) Partitions(table string, n int) {
+func (o partitionObserver) Partitions(table string, n int, until time.Time) {
 	o.partitions.WithLabelValues(table).Set(float64(n))
+	o.until.WithLabelValues(table).Set(float64(until.UnixNano()) / 1e9)
+}
+
+func (o partitionObserver) Maintained(table string, at time.Time) {
+	o.maintained.WithLabelValues(table).Set(float64(at.UnixNano()) / 1e9)
 }
 
 // maintenance is the service's partition maintenance: the inbox and the

@@ -41,6 +41,8 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []jetstream.Msg) {
 			c.fail(ctx, d, err)
 		case c.spent(d):
 			c.processOne(ctx, msg) // past its budget: dead-lettered unless processed (exhausted.go)
+		case d.pastRetention:
+			c.processOne(ctx, msg) // an operator's override, which its claim's transaction says
 		default:
 			ds = append(ds, d)
 		}

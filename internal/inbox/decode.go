@@ -2,9 +2,11 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/onceflow/onceflow/internal/event"
@@ -36,7 +38,8 @@ func (c *Consumer) decode(ctx context.Context, msg jetstream.Msg) (d *delivery, 
 	if err := c.fromOwner(d); err != nil {
 		return d, Permanent(err)
 	}
-	if err := c.inTime(d.ev, msg); err != nil {
+	d.pastRetention = c.replayPastRetention(msg)
+	if err := c.inTime(d.ev, d.pastRetention); err != nil {
 		return d, Permanent(err)
 	}
 	return d, nil
@@ -58,8 +61,14 @@ func (c *Consumer) decode(ctx context.Context, msg jetstream.Msg) (d *delivery, 
 // id's time, later than it would have, never sooner. Only an event dated
 // further ahead than the retention is refused: no clock's error explains
 // it, and its claim would wait in the DEFAULT partition for its partition
-// that long.
-func (c *Consumer) inTime(ev event.Envelope, msg jetstream.Msg) error {
+// that long. pastRetention is an operator's override (replayPastRetention).
+//
+// The guard reckons by the consumer's retention, but the partitions that
+// exist are what a claim needs: a replica whose maintenance runs on a
+// shorter retention (a rolling change of INBOX_RETENTION) may have dropped
+// the partition of an event this one admits. The claim's transaction
+// refuses such an event itself (refusedClaim), and it goes the same way.
+func (c *Consumer) inTime(ev event.Envelope, pastRetention bool) error {
 	born, latest := ev.Time, ev.Minted()
 	if latest.Before(born) {
 		born, latest = latest, born
@@ -69,11 +78,26 @@ func (c *Consumer) inTime(ev event.Envelope, msg jetstream.Msg) error {
 		return fmt.Errorf("event %s is dated %s in the future, beyond the inbox retention of %s: no clock is that far off",
 			ev.ID, ahead.Round(time.Second), c.cfg.Retention)
 	}
-	if age := now.Sub(born); age > c.cfg.Retention && !c.replayPastRetention(msg) {
+	if age := now.Sub(born); age > c.cfg.Retention && !pastRetention {
 		return fmt.Errorf("event %s is %s old, beyond the inbox retention of %s: it may have been processed already",
 			ev.ID, age.Round(time.Second), c.cfg.Retention)
 	}
 	return nil
+}
+
+// codeBelowOldestPartition is the SQLSTATE of a claim of an event minted
+// before the oldest partition of processed_events: the DEFAULT partition's
+// trigger raises it, in the claim's statement, when the floor that the
+// partition maintenance keeps is above the event
+// (db/migrations/platform/00014).
+const codeBelowOldestPartition = "OF001"
+
+// refusedClaim reports whether err is, or carries, the refusal of a claim
+// below the oldest partition: permanent, as the retention guard's refusals
+// are. A batch claimed ahead carries it in the statement that sent it.
+func refusedClaim(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == codeBelowOldestPartition
 }
 
 // HeaderReplayPastRetention is "true" on a replay from the DLQ that an

@@ -9,7 +9,9 @@
 // is partitioned by the time in the event's UUIDv7 id, so every delivery of
 // an event meets its first claim in one partition; package partition drops
 // whole partitions past the retention period, which is safe because a
-// consumer refuses an event older than it.
+// consumer refuses an event older than it, and the claim's transaction an
+// event older than the oldest partition there is (whatever the retention
+// of the replica that dropped the others).
 //
 // Read processOne (process.go) first: it is the pattern in one function,
 // and the path every consumer runs unless it names the fast one — decode,
@@ -36,7 +38,8 @@
 //   - A message that can never be processed — it does not decode, its
 //     handler returns a permanent error or fails on the last delivery of
 //     the consumer's budget, it is older than the retention period (by its
-//     id's time or its own, whichever is earlier), or further in the
+//     id's time or its own, whichever is earlier) or than the oldest
+//     partition of processed_events (the claim refuses it), or further in the
 //     future than that (an event from a producer whose clock is fast is
 //     processed, see inTime) — is
 //     copied to the DLQ stream ("dlq.<durable>", with the reason in a

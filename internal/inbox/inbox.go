@@ -55,7 +55,7 @@ func Permanent(err error) error {
 }
 
 func isPermanent(err error) bool {
-	return errors.Is(err, ErrPermanent) || errors.Is(err, event.ErrInvalid)
+	return errors.Is(err, ErrPermanent) || errors.Is(err, event.ErrInvalid) || refusedClaim(err)
 }
 
 // Handler applies one event's effect. It runs inside the inbox

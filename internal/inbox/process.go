@@ -30,12 +30,13 @@ func (c *Consumer) processOne(ctx context.Context, msg jetstream.Msg) Outcome {
 		return c.fail(ctx, d, err)
 	}
 	start := time.Now()
-	tx, err := c.pool.Begin(ctx)
+	tx, err := c.begin(ctx, d)
 	if err != nil {
 		return c.fail(ctx, d, c.rollback(ctx, nil, start, fmt.Errorf("begin: %w", err)))
 	}
 	defer func() { _ = tx.Rollback(ctx) }() // a no-op once it ended; a safety net if the inbox panics
-	// 2. Claim: INSERT … ON CONFLICT DO NOTHING RETURNING.
+	// 2. Claim: INSERT … ON CONFLICT DO NOTHING RETURNING. An event older
+	// than the oldest partition is refused, as a permanent failure.
 	_, err = c.queries.ClaimEvent(ctx, tx, c.claimOf(d))
 	if errors.Is(err, pgx.ErrNoRows) { // no row: processed before (or by the transaction it waited for)
 		_ = c.rollback(ctx, tx, start, nil)
@@ -61,6 +62,21 @@ func (c *Consumer) processOne(ctx context.Context, msg jetstream.Msg) Outcome {
 	return c.ack(ctx, d, OutcomeProcessed) // 5. Settle: only now ack. (fail naks, or dead-letters.)
 }
 
+// begin begins d's transaction. An operator's replay forced past the
+// retention (decode.go) says so in it: its claim may go below the oldest
+// partition of processed_events, which a claim is refused otherwise.
+func (c *Consumer) begin(ctx context.Context, d *delivery) (pgx.Tx, error) {
+	tx, err := c.pool.Begin(ctx)
+	if err != nil || !d.pastRetention {
+		return tx, err
+	}
+	if err := c.queries.ClaimPastRetention(ctx, tx); err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, fmt.Errorf("claim past the retention: %w", err)
+	}
+	return tx, nil
+}
+
 // rollback rolls tx back (if it began), tells the Observer how the
 // transaction ended, and returns err, why it ended.
 func (c *Consumer) rollback(ctx context.Context, tx pgx.Tx, start time.Time, err error) error {
@@ -76,6 +92,9 @@ type delivery struct {
 	msg  jetstream.Msg
 	meta *jetstream.MsgMetadata // nil only for a message that no consumer delivered
 	ev   event.Envelope         // zero until decoded
+	// pastRetention: an operator's replay forced past the retention
+	// (replayPastRetention), which its claim's transaction says.
+	pastRetention bool
 }
 
 // claimOf is the claim of d's event by the consumer.

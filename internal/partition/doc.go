@@ -1,7 +1,8 @@
 // Package partition keeps the time-partitioned tables of a service's
 // database, the inbox (processed_events, by the time in the event's id)
 // and the outbox (by the time its rows were written): a Maintainer adds
-// partitions ahead of the clock and drops whole partitions once they are
+// partitions ahead of the clock (Table.Reach: hours, for a maintenance kept
+// from its locks that long) and drops whole partitions once they are
 // past their retention, so that retention costs a catalog change, never a
 // DELETE per row, its WAL and its dead tuples.
 //
@@ -12,7 +13,9 @@
 // it. A partition is made with its indexes before the locks writers wait
 // behind are taken; dropping one holds its table's ACCESS EXCLUSIVE lock
 // only to detach it, and the detached table is dropped afterwards, so
-// that the drop's WAL flush at commit keeps no writer waiting. Both steps
+// that the drop's WAL flush at commit keeps no writer waiting (waiting for
+// its lock at most Config.LockTimeout too: one still in use is dropped at
+// a later round). Both steps
 // commit without waiting for their own flush: a step lost in a crash is
 // done again. An outbox partition is dropped only when every row in it
 // is sent and was sent longer than the re-drive window ago
@@ -24,7 +27,11 @@
 // wait in the table's DEFAULT partition and are moved into their
 // partition when it is made.
 //
-// The inbox may drop a partition only because its consumers refuse an
-// event older than the retention (inbox.Config.Retention): Table.Retention
-// of processed_events adds a margin to it, see InboxTable.
+// The inbox may drop a partition because its consumers refuse an event
+// older than the retention (inbox.Config.Retention; Table.Retention of
+// processed_events adds a margin to it, see InboxTable), and because the
+// claim refuses an event older than the oldest partition: partition_create
+// and partition_drop keep that floor (partition_floor, in 00014) in the
+// transaction that attaches or detaches, so replicas whose retentions
+// differ agree on it.
 package partition

@@ -17,6 +17,17 @@ import (
 )
 
 const (
+	// DefaultAhead is how far past the clock (and Accepts) partitions
+	// reach, unless that is more than MaxPartitionsAhead intervals: long
+	// enough for a maintenance kept from its locks for hours (a long reader
+	// of the table holds its DEFAULT partition, which each create locks) to
+	// leave no row to the DEFAULT partition.
+	DefaultAhead = 6 * time.Hour
+	// MaxPartitionsAhead bounds the partitions made ahead: every partition
+	// of the outbox costs the relay's claim, which reads them all, a few
+	// index probes (some 30µs a partition, measured on an empty outbox).
+	MaxPartitionsAhead = 12
+
 	// Writers that come while a step waits for its lock queue behind it:
 	// they wait as long as the step waits, and then as long as it holds
 	// the lock. 20ms of waiting and a few of holding keep them well under
@@ -37,10 +48,15 @@ type Table struct {
 	Interval time.Duration
 	// Accepts is how far past the clock rows may be written (the inbox's
 	// allowed skew; none in the outbox, written at the time of its
-	// transaction). Partitions are made two intervals further ahead, so
-	// that a new partition's range is one where nobody writes yet, and
-	// attaching it keeps no writer waiting.
+	// transaction). Partitions are made at least two intervals further
+	// ahead, so that a new partition's range is one where nobody writes
+	// yet, and attaching it keeps no writer waiting.
 	Accepts time.Duration
+	// Ahead is how far past Accepts partitions reach (default
+	// DefaultAhead, at most MaxPartitionsAhead intervals; at least two
+	// intervals): how long a maintenance may be kept from its locks before
+	// rows go to the DEFAULT partition.
+	Ahead time.Duration
 	// Retention: a partition whose upper bound is older than it is dropped.
 	Retention time.Duration
 	// SentOnly keeps an outbox partition while it holds a row unsent or sent
@@ -50,11 +66,19 @@ type Table struct {
 }
 
 func (t Table) validate() error {
-	if t.Name == "" || t.Key == "" || t.Interval < time.Second || t.Retention <= 0 || t.Accepts < 0 {
-		return fmt.Errorf("partitioned table %q (key %q): interval %s must be at least a second, retention %s positive, accepts %s not negative",
-			t.Name, t.Key, t.Interval, t.Retention, t.Accepts)
+	if t.Name == "" || t.Key == "" || t.Interval < time.Second || t.Retention <= 0 || t.Accepts < 0 || t.Ahead < 0 {
+		return fmt.Errorf("partitioned table %q (key %q): interval %s must be at least a second, retention %s positive, accepts %s and ahead %s not negative",
+			t.Name, t.Key, t.Interval, t.Retention, t.Accepts, t.Ahead)
 	}
 	return nil
+}
+
+// Reach is how far past the clock the partitions of t are made: Accepts,
+// and then Ahead (or DefaultAhead) within two and MaxPartitionsAhead
+// intervals.
+func (t Table) Reach() time.Duration {
+	ahead := min(cmp.Or(t.Ahead, DefaultAhead), MaxPartitionsAhead*t.Interval)
+	return t.Accepts + max(ahead, 2*t.Interval)
 }
 
 // Config configures a Maintainer. Zero values take the defaults.
@@ -80,14 +104,20 @@ type Observer interface {
 	// Step is one create or drop: how long it took (its locks included, the
 	// longest it kept the table's writers waiting) and how it ended.
 	Step(table, op string, d time.Duration, err error)
-	// Partitions is the number of partitions of table after a round.
-	Partitions(table string, n int)
+	// Partitions is the state of table after a round, also one that
+	// failed once it had listed them: n partitions, its DEFAULT partition
+	// included, the last of which ends at until.
+	Partitions(table string, n int, until time.Time)
+	// Maintained is the end of a round on table that succeeded, at the
+	// maintenance's clock.
+	Maintained(table string, at time.Time)
 }
 
 type nopObserver struct{}
 
 func (nopObserver) Step(string, string, time.Duration, error) {}
-func (nopObserver) Partitions(string, int)                    {}
+func (nopObserver) Partitions(string, int, time.Time)         {}
+func (nopObserver) Maintained(string, time.Time)              {}
 
 // Result is what a round did to a table.
 type Result struct {
@@ -95,8 +125,11 @@ type Result struct {
 	Dropped int // partitions dropped
 	Kept    int // outbox partitions past retention kept for unsent or recently sent rows
 	// Partitions is how many partitions the table has after the round, its
-	// DEFAULT partition included.
+	// DEFAULT partition included, and Until the upper bound of the last
+	// one: also after a round that failed, unless it failed before it
+	// listed them (Until zero).
 	Partitions int
+	Until      time.Time
 }
 
 // Maintainer keeps the partitions of its tables.
@@ -159,12 +192,24 @@ func (m *Maintainer) Run(ctx context.Context) error {
 	}
 }
 
-// Maintain runs one round on t: it adds the partitions missing up to two
-// intervals past Accepts and drops those past t.Retention: detaches them,
+// Maintain runs one round on t: it adds the partitions missing up to
+// t.Reach() past the clock and drops those past t.Retention: detaches them,
 // which holds the table's lock for a catalog change, and then drops them
 // in a transaction of their own, whose commit waits for a WAL flush under
 // no lock the table's writers take.
 func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
+	res, err := m.maintain(ctx, t)
+	if !res.Until.IsZero() {
+		m.cfg.Observer.Partitions(t.Name, res.Partitions, res.Until)
+	}
+	if err == nil {
+		m.cfg.Observer.Maintained(t.Name, m.cfg.Now())
+	}
+	return res, err
+}
+
+// maintain is Maintain's round, which counts the partitions as it goes.
+func (m *Maintainer) maintain(ctx context.Context, t Table) (Result, error) {
 	var res Result
 	// Those a process that stopped left detached first: a leftover holds
 	// the name of the partition its range would be made in again.
@@ -175,6 +220,7 @@ func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
 	if err != nil {
 		return res, fmt.Errorf("list partitions of %s: %w", t.Name, err)
 	}
+	res.Partitions, res.Until = len(parts), lastBound(parts)
 	now := m.cfg.Now()
 	for _, r := range missing(t, parts, now) {
 		ok, err := m.create(ctx, t, r, now)
@@ -183,6 +229,8 @@ func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
 		}
 		if ok {
 			res.Created++
+			res.Partitions++
+			res.Until = r.hi
 		}
 	}
 	for _, p := range expired(t, parts, now) {
@@ -194,6 +242,7 @@ func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
 		}
 		if ok {
 			res.Dropped++
+			res.Partitions--
 		} else {
 			res.Kept++
 		}
@@ -208,8 +257,6 @@ func (m *Maintainer) Maintain(ctx context.Context, t Table) (Result, error) {
 			return res, err
 		}
 	}
-	res.Partitions = len(parts) + res.Created - res.Dropped
-	m.cfg.Observer.Partitions(t.Name, res.Partitions)
 	return res, nil
 }
 
@@ -229,34 +276,46 @@ func (m *Maintainer) create(ctx context.Context, t Table, r span, now time.Time)
 
 // drop detaches part of t, for the outbox only when every row in it was sent
 // longer than the retention ago, in a READ COMMITTED transaction whatever the
-// session's default: the check under the table's lock must see what
-// committed while it waited for it (partition_drop refuses otherwise).
+// session's default: what partition_drop looks at under the table's lock
+// (the outbox's check, the partitions that set the floor) must be what
+// committed while it waited for it (it refuses otherwise).
 func (m *Maintainer) drop(ctx context.Context, t Table, part, lockTimeout string) (bool, error) {
-	if !t.SentOnly {
-		return m.queries.DropPartition(ctx, m.pool, dbsqlc.DropPartitionParams{Parent: t.Name, Part: part, LockTimeout: lockTimeout})
-	}
 	var dropped bool
 	err := pgx.BeginTxFunc(ctx, m.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		var err error
-		dropped, err = m.queries.DropSentPartition(ctx, tx, dbsqlc.DropSentPartitionParams{
-			Parent: t.Name, Part: part, LockTimeout: lockTimeout,
-			Retention: pgtype.Interval{Microseconds: t.Retention.Microseconds(), Valid: true},
-		})
+		if t.SentOnly {
+			dropped, err = m.queries.DropSentPartition(ctx, tx, dbsqlc.DropSentPartitionParams{
+				Parent: t.Name, Part: part, LockTimeout: lockTimeout,
+				Retention: pgtype.Interval{Microseconds: t.Retention.Microseconds(), Valid: true},
+			})
+		} else {
+			dropped, err = m.queries.DropPartition(ctx, tx, dbsqlc.DropPartitionParams{Parent: t.Name, Part: part, LockTimeout: lockTimeout})
+		}
 		return err
 	})
 	return dropped, err
 }
 
 // dropDetached drops the partitions of t that drops detached, under no lock
-// that the table's writers take.
+// that the table's writers take, each waited for at most the lock timeout:
+// one that a session still holds is kept for a later round, and this one
+// goes on.
 func (m *Maintainer) dropDetached(ctx context.Context, t Table) error {
 	start := time.Now()
-	_, err := m.queries.DropDetached(ctx, m.pool, t.Name)
+	res, err := m.queries.DropDetached(ctx, m.pool, dbsqlc.DropDetachedParams{Parent: t.Name, LockTimeout: m.lockTimeout()})
 	m.cfg.Observer.Step(t.Name, "drop_detached", time.Since(start), err)
 	if err != nil {
 		return fmt.Errorf("drop detached partitions of %s: %w", t.Name, err)
 	}
+	if res.Locked > 0 {
+		m.logger.WarnContext(ctx, "detached partitions in use kept for a later round", "table", t.Name, "kept", res.Locked)
+	}
 	return nil
+}
+
+// lockTimeout is Config.LockTimeout as PostgreSQL's lock_timeout setting.
+func (m *Maintainer) lockTimeout() string {
+	return fmt.Sprintf("%dms", max(m.cfg.LockTimeout.Milliseconds(), 1))
 }
 
 // prunePositions deletes the relay's positions older than the retention, but
@@ -275,7 +334,7 @@ func (m *Maintainer) prunePositions(ctx context.Context, t Table) error {
 // step runs one create or drop, again while it runs out of lock_timeout,
 // with a growing pause that lets the transactions it waited for finish.
 func (m *Maintainer) step(ctx context.Context, table, op string, run func(lockTimeout string) (bool, error)) (bool, error) {
-	lockTimeout := fmt.Sprintf("%dms", max(m.cfg.LockTimeout.Milliseconds(), 1))
+	lockTimeout := m.lockTimeout()
 	var err error
 	for attempt := range m.cfg.Attempts {
 		start := time.Now()
@@ -297,20 +356,15 @@ func (m *Maintainer) step(ctx context.Context, table, op string, run func(lockTi
 // span is a partition's range [lo, hi).
 type span struct{ lo, hi time.Time }
 
-// missing is the partitions to add to t so that they reach two intervals
-// past Accepts: from the upper bound of the last partition on, in steps
+// missing is the partitions to add to t so that they reach t.Reach() past
+// the clock: from the upper bound of the last partition on, in steps
 // aligned on the interval. A gap since the last partition older than
 // an interval (a database migrated long before its maintenance first ran)
 // is covered by one partition up to the current interval.
 func missing(t Table, parts []dbsqlc.PartitionsRow, now time.Time) []span {
-	until := now.Add(t.Accepts + 2*t.Interval)
+	until := now.Add(t.Reach())
 	from := now.Truncate(t.Interval)
-	var last time.Time
-	for _, p := range parts {
-		if !p.IsDefault && p.Hi.After(last) {
-			last = p.Hi
-		}
-	}
+	last := lastBound(parts)
 	var spans []span
 	switch {
 	case last.IsZero():
@@ -325,6 +379,18 @@ func missing(t Table, parts []dbsqlc.PartitionsRow, now time.Time) []span {
 		lo = hi
 	}
 	return spans
+}
+
+// lastBound is the upper bound of the last of parts but DEFAULT; zero if
+// there is none.
+func lastBound(parts []dbsqlc.PartitionsRow) time.Time {
+	var last time.Time
+	for _, p := range parts {
+		if !p.IsDefault && p.Hi.After(last) {
+			last = p.Hi
+		}
+	}
+	return last
 }
 
 // expired is the partitions of t whose upper bound is older than the

@@ -11,7 +11,6 @@ import (
 	"github.com/onceflow/onceflow/internal/inbox"
 	"github.com/onceflow/onceflow/internal/outbox"
 	"github.com/onceflow/onceflow/internal/partition"
-	"github.com/onceflow/onceflow/internal/streams"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -58,15 +57,8 @@ func TestRedeliveryAcrossPartitionsIsADuplicateAndPastTheirDropRefused(t *testin
 
 	c, _ = e.consume(t, retention)
 	e.publish(t, ev)
-	awaitStats(t, c, inbox.Stats{DeadLettered: 1})
-	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, ev.ID))
-	require.Zero(t, e.count(t, `SELECT count(*) FROM processed_events WHERE event_id = $1`, ev.ID))
 	// Refused by the retention guard, not by anything else.
-	dlq, err := e.js.Stream(t.Context(), streams.DLQ)
-	require.NoError(t, err)
-	entry, err := dlq.GetLastMsgForSubject(t.Context(), streams.DLQSubjectPrefix+testDurable)
-	require.NoError(t, err)
-	require.Contains(t, entry.Header.Get(inbox.HeaderDLQReason), "beyond the inbox retention")
+	e.requireDeadLettered(t, c, ev, "beyond the inbox retention")
 }
 
 // An event from a producer whose clock is fast is processed, never
@@ -285,11 +277,7 @@ func TestAPartitionLeftDetachedGoesAtTheNextRound(t *testing.T) {
 	_, err := m.Maintain(t.Context(), in)
 	require.NoError(t, err)
 
-	var part string
-	require.NoError(t, e.db.Pool.QueryRow(t.Context(),
-		`SELECT name FROM partitions_of('processed_events') WHERE NOT is_default ORDER BY lo LIMIT 1`).Scan(&part))
-	_, err = e.db.Pool.Exec(t.Context(), `ALTER TABLE processed_events DETACH PARTITION `+pgx.Identifier{part}.Sanitize())
-	require.NoError(t, err)
+	part := e.detachLowest(t) // as a process that stopped in between leaves it
 	_, err = e.db.Pool.Exec(t.Context(), `CREATE TABLE processed_events_notes (note text)`)
 	require.NoError(t, err)
 	require.True(t, e.exists(t, part))
@@ -299,4 +287,34 @@ func TestAPartitionLeftDetachedGoesAtTheNextRound(t *testing.T) {
 	require.Zero(t, res.Dropped, "nothing is past the retention")
 	require.False(t, e.exists(t, part), "detached partition %s kept", part)
 	require.True(t, e.exists(t, "processed_events_notes"))
+}
+
+// A leftover detached table that a session holds is waited for no longer
+// than the lock timeout: the round goes on (its partitions made), the table
+// is kept, and a later round drops it once the session let it go.
+func TestALockedLeftoverDoesNotStallTheRound(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	now := time.Now()
+	m, in, _ := e.maintainer(time.Hour, time.Hour, func() time.Time { return now })
+	_, err := m.Maintain(t.Context(), in)
+	require.NoError(t, err)
+
+	part := e.detachLowest(t) // as a process that stopped in between leaves it
+	holder := testenv.Begin(t, e.db.Pool)
+	_, err = holder.Exec(t.Context(), `SELECT count(*) FROM `+pgx.Identifier{part}.Sanitize())
+	require.NoError(t, err)
+
+	now = now.Add(time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), waitFor)
+	defer cancel()
+	res, err := m.Maintain(ctx, in)
+	require.NoError(t, err, "the round goes on")
+	require.Positive(t, res.Created)
+	require.True(t, e.exists(t, part), "kept while it is held")
+
+	require.NoError(t, holder.Rollback(context.WithoutCancel(t.Context())))
+	_, err = m.Maintain(t.Context(), in)
+	require.NoError(t, err)
+	require.False(t, e.exists(t, part), "dropped once let go")
 }

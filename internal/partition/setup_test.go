@@ -71,12 +71,15 @@ func (e *env) maintainer(inboxRetention, outboxRetention time.Duration, now func
 	return m, in, out
 }
 
-// consume runs an inbox consumer of the test durable until stop is called.
-func (e *env) consume(t *testing.T, retention time.Duration) (c *inbox.Consumer, stop func()) {
+// consume runs an inbox consumer of the test durable until stop is called;
+// configure, when given, changes its configuration.
+func (e *env) consume(t *testing.T, retention time.Duration, configure ...func(*inbox.Config)) (c *inbox.Consumer, stop func()) {
 	t.Helper()
-	c = inbox.New(e.db.Pool, e.js, inbox.Config{
-		Stream: testStream, Durable: testDurable, Retention: retention, NakDelay: 50 * time.Millisecond,
-	}, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	cfg := inbox.Config{Stream: testStream, Durable: testDurable, Retention: retention, NakDelay: 50 * time.Millisecond}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	c = inbox.New(e.db.Pool, e.js, cfg, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		_, err := tx.Exec(ctx, `INSERT INTO effects (event_id) VALUES ($1)`, ev.ID)
 		return err
 	}, e.logger)
@@ -165,4 +168,44 @@ func (e *env) awaitLockWaits(t *testing.T, n int) {
 			`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting))
 		assert.Equal(c, n, waiting)
 	}, waitFor, tick)
+}
+
+// dropLegacyPartition drops processed_events_legacy, the migration's
+// partition FROM (MINVALUE), so that old events land in partitions the
+// maintenance makes, as they do once the migration is a retention behind.
+func (e *env) dropLegacyPartition(t *testing.T) {
+	t.Helper()
+	_, err := e.db.Pool.Exec(t.Context(), `SELECT partition_drop('processed_events', 'processed_events_legacy', '1s', NULL)`)
+	require.NoError(t, err)
+	_, err = e.db.Pool.Exec(t.Context(), `SELECT partition_drop_detached('processed_events')`)
+	require.NoError(t, err)
+}
+
+// requireDeadLettered waits until c dead-lettered ev, published again, with
+// a reason that contains reason, and checks that the event had its one
+// effect and no claim.
+func (e *env) requireDeadLettered(t *testing.T, c *inbox.Consumer, ev event.Envelope, reason string) {
+	t.Helper()
+	awaitStats(t, c, inbox.Stats{DeadLettered: 1})
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, ev.ID), "effects of the event")
+	require.Zero(t, e.count(t, `SELECT count(*) FROM processed_events WHERE event_id = $1`, ev.ID))
+	dlq, err := e.js.Stream(t.Context(), streams.DLQ)
+	require.NoError(t, err)
+	entry, err := dlq.GetLastMsgForSubject(t.Context(), streams.DLQSubjectPrefix+testDurable)
+	require.NoError(t, err)
+	require.Contains(t, entry.Header.Get(inbox.HeaderDLQReason), reason)
+	require.Contains(t, entry.Header.Get(inbox.HeaderDLQReason), "beyond the inbox retention")
+}
+
+// detachLowest detaches the lowest partition of processed_events but
+// DEFAULT, and returns its name: a leftover a drop leaves when its process
+// stops between the detach and the drop.
+func (e *env) detachLowest(t *testing.T) string {
+	t.Helper()
+	var part string
+	require.NoError(t, e.db.Pool.QueryRow(t.Context(),
+		`SELECT name FROM partitions_of('processed_events') WHERE NOT is_default ORDER BY lo LIMIT 1`).Scan(&part))
+	_, err := e.db.Pool.Exec(t.Context(), `ALTER TABLE processed_events DETACH PARTITION `+pgx.Identifier{part}.Sanitize())
+	require.NoError(t, err)
+	return part
 }

@@ -10,8 +10,9 @@ import "time"
 // A partition goes a margin after the retention: a tenth of it, at least
 // an interval, at most an hour. The margin is the time a consumer may take
 // between its retention guard letting an event through and its claim; past
-// it, the claim of an event whose partition is gone would land in the
-// DEFAULT partition and not see the first claim. Partitions are made
+// it, the claim of an event whose partition is gone is refused in the
+// claim's transaction (below the floor partition_drop keeps), and the
+// event dead-lettered. Partitions are made
 // beyond skew ahead, so that the events of a producer whose clock is up
 // to skew fast have their partition; a claim further ahead waits in the
 // DEFAULT partition, moved into its partition when that is made.

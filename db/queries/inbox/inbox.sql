@@ -9,6 +9,13 @@ VALUES (@consumer, @event_id, @event_type, @event_time, @stream_seq, uuid7_time(
 ON CONFLICT DO NOTHING
 RETURNING event_id;
 
+-- name: ClaimPastRetention :exec
+-- Lets the transaction's claims go below the oldest partition of
+-- processed_events, which the DEFAULT partition's trigger refuses
+-- otherwise (db/migrations/platform/00014): for an operator's replay forced
+-- past the retention, which a dropped partition may have processed.
+SELECT set_config('onceflow.claim_past_retention', 'on', true);
+
 -- name: ClaimEvents :many
 -- Claims a batch with one statement. The rows are inserted in event id
 -- order, so two overlapping batches lock keys in the same order and cannot

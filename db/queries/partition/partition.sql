@@ -13,14 +13,15 @@ ORDER BY 3 NULLS LAST;
 -- name: CreatePartition :one
 -- Adds the partition [@lo, @hi) of @parent, partitioned by @key, moving
 -- into it the DEFAULT partition's rows in that range (partition_create in
--- db/migrations/platform/00008). @exclusive locks the table out for
+-- db/migrations/platform/00011). @exclusive locks the table out for
 -- writers for the attach: a range where writes may be under way. False: it
 -- existed.
 SELECT partition_create(@parent::text, @key::text, @lo::timestamptz, @hi::timestamptz, @lock_timeout::text, @exclusive::boolean) AS created;
 
 -- name: DropPartition :one
--- Detaches @part, a partition of @parent (partition_drop in 00011);
--- DropDetached drops it.
+-- Detaches @part, a partition of @parent, and raises the floor below which
+-- a claim is refused when @part was the lowest (partition_drop in 00014);
+-- DropDetached drops it. In a READ COMMITTED transaction.
 SELECT partition_drop(@parent::text, @part::text, @lock_timeout::text, NULL) AS dropped;
 
 -- name: DropSentPartition :one
@@ -34,8 +35,11 @@ SELECT partition_drop(@parent::text, @part::text, @lock_timeout::text, now() - @
 -- name: DropDetached :one
 -- Drops the tables DropPartition and DropSentPartition detached from
 -- @parent, each in this statement's transaction, which holds no lock that
--- the table's writers take (partition_drop_detached in 00011).
-SELECT partition_drop_detached(@parent::text)::integer AS dropped;
+-- the table's writers take, waiting for each at most @lock_timeout: one
+-- still in use is kept, counted in locked, for a later round
+-- (partition_drop_detached in 00015).
+SELECT d.dropped::integer AS dropped, d.locked::integer AS locked
+FROM partition_drop_detached(@parent::text, @lock_timeout::text) AS d;
 
 -- name: PruneOutboxPositions :execrows
 -- Deletes the relay's positions recorded before the one a redrive to

@@ -138,6 +138,19 @@ func (q *Queries) ClaimNewEvents(ctx context.Context, db DBTX, arg ClaimNewEvent
 	return err
 }
 
+const claimPastRetention = `-- name: ClaimPastRetention :exec
+SELECT set_config('onceflow.claim_past_retention', 'on', true)
+`
+
+// Lets the transaction's claims go below the oldest partition of
+// processed_events, which the DEFAULT partition's trigger refuses
+// otherwise (db/migrations/platform/00014): for an operator's replay forced
+// past the retention, which a dropped partition may have processed.
+func (q *Queries) ClaimPastRetention(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, claimPastRetention)
+	return err
+}
+
 const planEachCall = `-- name: PlanEachCall :exec
 SELECT set_config('plan_cache_mode', 'force_custom_plan', true)
 `

@@ -27,7 +27,7 @@ type CreatePartitionParams struct {
 
 // Adds the partition [@lo, @hi) of @parent, partitioned by @key, moving
 // into it the DEFAULT partition's rows in that range (partition_create in
-// db/migrations/platform/00008). @exclusive locks the table out for
+// db/migrations/platform/00011). @exclusive locks the table out for
 // writers for the attach: a range where writes may be under way. False: it
 // existed.
 func (q *Queries) CreatePartition(ctx context.Context, db DBTX, arg CreatePartitionParams) (bool, error) {
@@ -45,17 +45,30 @@ func (q *Queries) CreatePartition(ctx context.Context, db DBTX, arg CreatePartit
 }
 
 const dropDetached = `-- name: DropDetached :one
-SELECT partition_drop_detached($1::text)::integer AS dropped
+SELECT d.dropped::integer AS dropped, d.locked::integer AS locked
+FROM partition_drop_detached($1::text, $2::text) AS d
 `
+
+type DropDetachedParams struct {
+	Parent      string
+	LockTimeout string
+}
+
+type DropDetachedRow struct {
+	Dropped int32
+	Locked  int32
+}
 
 // Drops the tables DropPartition and DropSentPartition detached from
 // @parent, each in this statement's transaction, which holds no lock that
-// the table's writers take (partition_drop_detached in 00011).
-func (q *Queries) DropDetached(ctx context.Context, db DBTX, parent string) (int32, error) {
-	row := db.QueryRow(ctx, dropDetached, parent)
-	var dropped int32
-	err := row.Scan(&dropped)
-	return dropped, err
+// the table's writers take, waiting for each at most @lock_timeout: one
+// still in use is kept, counted in locked, for a later round
+// (partition_drop_detached in 00015).
+func (q *Queries) DropDetached(ctx context.Context, db DBTX, arg DropDetachedParams) (DropDetachedRow, error) {
+	row := db.QueryRow(ctx, dropDetached, arg.Parent, arg.LockTimeout)
+	var i DropDetachedRow
+	err := row.Scan(&i.Dropped, &i.Locked)
+	return i, err
 }
 
 const dropPartition = `-- name: DropPartition :one
@@ -68,8 +81,9 @@ type DropPartitionParams struct {
 	LockTimeout string
 }
 
-// Detaches @part, a partition of @parent (partition_drop in 00011);
-// DropDetached drops it.
+// Detaches @part, a partition of @parent, and raises the floor below which
+// a claim is refused when @part was the lowest (partition_drop in 00014);
+// DropDetached drops it. In a READ COMMITTED transaction.
 func (q *Queries) DropPartition(ctx context.Context, db DBTX, arg DropPartitionParams) (bool, error) {
 	row := db.QueryRow(ctx, dropPartition, arg.Parent, arg.Part, arg.LockTimeout)
 	var dropped bool
