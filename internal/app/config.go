@@ -69,7 +69,7 @@ type Config struct {
 	OutboxRetention time.Duration `env:"OUTBOX_RETENTION" envDefault:"1h"`
 	// The outbox is partitioned by the time its rows were written, in
 	// partitions of this width.
-	OutboxPartitionInterval time.Duration `env:"OUTBOX_PARTITION_INTERVAL" envDefault:"10m"`
+	OutboxPartitionInterval time.Duration `env:"OUTBOX_PARTITION_INTERVAL" envDefault:"1h"`
 
 	IdempotencyRetention time.Duration `env:"IDEMPOTENCY_RETENTION" envDefault:"24h"`
 

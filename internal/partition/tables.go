@@ -42,5 +42,12 @@ func OutboxTable(interval, retention time.Duration) Table {
 		Interval:  interval,
 		Retention: retention,
 		SentOnly:  true,
+		Ahead:     outboxAhead,
 	}
 }
+
+// outboxAhead is how far ahead outbox partitions are made: hours, as for
+// the inbox, but no further, because the relay's claim reads every outbox
+// partition (each costs it a few index probes a call, docs/performance.md).
+// With the default hourly partitions that is two.
+const outboxAhead = 2 * time.Hour
