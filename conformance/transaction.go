@@ -63,12 +63,13 @@ type querier interface {
 }
 
 // snapshot returns every row of every table q sees, by table, as text in
-// the order of the rows' text.
+// the order of the rows' text. Each row goes as its text: XML has no
+// infinite timestamp (partition_floor holds one).
 func snapshot(t *testing.T, q querier) map[string]string {
 	t.Helper()
 	rows, err := q.Query(t.Context(), `
 		SELECT format('%I.%I', table_schema, table_name),
-		       query_to_xml(format('SELECT * FROM %I.%I AS r ORDER BY r::text', table_schema, table_name), true, false, '')::text
+		       query_to_xml(format('SELECT r::text AS row FROM %I.%I AS r ORDER BY r::text', table_schema, table_name), true, false, '')::text
 		FROM information_schema.tables
 		WHERE table_type = 'BASE TABLE' AND table_schema NOT IN ('pg_catalog', 'information_schema')`)
 	if err != nil {
