@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -532,7 +533,8 @@ func (b *syncBuffer) String() string {
 func requireComposeService(t *testing.T, repo, name string, port uint32) {
 	t.Helper()
 	opts, err := composecli.NewProjectOptions([]string{filepath.Join(repo, "docker-compose.yml")},
-		composecli.WithWorkingDirectory(repo), composecli.WithEnv([]string{}))
+		// The operator secret is required: compose refuses the file without one.
+		composecli.WithWorkingDirectory(repo), composecli.WithEnv([]string{"ISSUER_OPERATOR_SECRET=" + rand.Text()}))
 	require.NoError(t, err)
 	project, err := composecli.ProjectFromOptions(t.Context(), opts)
 	require.NoError(t, err, "docker-compose.yml does not load")

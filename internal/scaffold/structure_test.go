@@ -44,6 +44,7 @@ var extras = map[string]map[string]string{
 		"auth_test.go":    "the tests of who may do what at order's HTTP edge",
 		"expirer.go":      "the expirer that ends the orders past their deadline (ORDER_DEADLINE) with OrderExpired",
 		"expirer_test.go": "its tests",
+		"config_test.go":  "the tests of its settings' bounds",
 	},
 	"payment": {
 		"batch.go":       "the set-based form of its OrderPlaced handler (inbox.BatchHandler), an optimisation",

@@ -1,9 +1,7 @@
 package order_test
 
 import (
-	"log/slog"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -27,8 +25,4 @@ func TestConfigRefusesNegativeDeadlines(t *testing.T) {
 	_, err := order.LoadConfig()
 	require.NoError(t, err, "the defaults")
 
-	// Built in code, it is refused by Run before anything starts.
-	for _, cfg := range []order.Config{{Deadline: -time.Minute}, {ExpiryInterval: -time.Second}} {
-		require.ErrorContains(t, order.Run(t.Context(), cfg, slog.New(slog.DiscardHandler)), "negative")
-	}
 }

@@ -15,10 +15,12 @@ const Name = "order"
 
 // Run runs the order service until ctx is done.
 func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
-	if err := cfg.check(); err != nil {
-		return err
-	}
 	return app.Run(ctx, Name, cfg.Config, logger, func(d app.Deps) (app.Spec, error) {
+		// A config built in code is checked as LoadConfig checks one read
+		// from the environment, before anything starts.
+		if err := cfg.check(); err != nil {
+			return app.Spec{}, err
+		}
 		s := New(d.Pool)
 		s.deadline = cmp.Or(cfg.Deadline, DefaultDeadline)
 		expirer := NewExpirer(d.Pool, ExpirerConfig{Interval: cfg.ExpiryInterval}, d.Logger)
