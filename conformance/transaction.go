@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // properties are the properties of the handler itself, checked once per
@@ -57,31 +57,12 @@ func writesOnlyOnItsTransaction(t *testing.T, s *subject) {
 	}
 }
 
-// querier is a pool or a transaction.
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
-// snapshot returns every row of every table q sees, by table, as text in
-// the order of the rows' text. Each row goes as its text: XML has no
-// infinite timestamp (partition_floor holds one).
-func snapshot(t *testing.T, q querier) map[string]string {
+// snapshot returns every row of every table q sees (testenv.Tables).
+func snapshot(t *testing.T, q testenv.Querier) map[string]string {
 	t.Helper()
-	rows, err := q.Query(t.Context(), `
-		SELECT format('%I.%I', table_schema, table_name),
-		       query_to_xml(format('SELECT r::text AS row FROM %I.%I AS r ORDER BY r::text', table_schema, table_name), true, false, '')::text
-		FROM information_schema.tables
-		WHERE table_type = 'BASE TABLE' AND table_schema NOT IN ('pg_catalog', 'information_schema')`)
+	all, err := testenv.Tables(t.Context(), q)
 	if err != nil {
-		t.Fatalf("conformance: read the tables: %v", err)
-	}
-	all := map[string]string{}
-	var name, content string
-	if _, err := pgx.ForEachRow(rows, []any{&name, &content}, func() error {
-		all[name] = content
-		return nil
-	}); err != nil {
-		t.Fatalf("conformance: read the tables: %v", err)
+		t.Fatalf("conformance: %v", err)
 	}
 	return all
 }

@@ -4,12 +4,13 @@ import (
 	"context"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox"
+
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // Handled is an event and the per-event handler to run it, one case of
@@ -43,25 +44,10 @@ func RequireRollsBack(t *testing.T, pool *pgxpool.Pool, cases ...Handled) {
 	}
 }
 
-// tables returns every row of every table that q sees, by table, as XML in
-// the order of the rows' text. Each row goes as its text: XML has no
-// infinite timestamp (partition_floor holds one).
-func tables(t *testing.T, q interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}) map[string]string {
+// tables returns every row of every table q sees (testenv.Tables).
+func tables(t *testing.T, q testenv.Querier) map[string]string {
 	t.Helper()
-	rows, err := q.Query(t.Context(), `
-		SELECT format('%I.%I', table_schema, table_name),
-		       query_to_xml(format('SELECT r::text AS row FROM %I.%I AS r ORDER BY r::text', table_schema, table_name), true, false, '')::text
-		FROM information_schema.tables
-		WHERE table_type = 'BASE TABLE' AND table_schema NOT IN ('pg_catalog', 'information_schema')`)
-	require.NoError(t, err)
-	all := map[string]string{}
-	var name, content string
-	_, err = pgx.ForEachRow(rows, []any{&name, &content}, func() error {
-		all[name] = content
-		return nil
-	})
+	all, err := testenv.Tables(t.Context(), q)
 	require.NoError(t, err)
 	return all
 }
