@@ -28,8 +28,9 @@
 // than a batch (a backlog, a big transaction that committed late), the
 // rows of the span being published that are up to its cursor (span_done,
 // visible in span_snap). Unsent means not covered by the relay's position,
-// and that is defined once, in SQL: outbox_unsent_after (migration 00013),
-// which the claim, the view, the lag and the partition drop all read. A
+// and that is defined once, in SQL: outbox_covered (migration 00016), which
+// outbox_unsent_after filters by, and the claim, the view, the lag and the
+// partition drop all read. A
 // claim returns the lowest ids of the rows not covered that its snapshot
 // sees, and the position that also covers them. A reviewer checks:
 //

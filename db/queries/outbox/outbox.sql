@@ -50,21 +50,22 @@ SELECT outbox_start_over()::bigint AS rows;
 
 -- name: Claim :many
 -- The next batch: the batch_size lowest ids of a span's rows that the
--- position does not cover (outbox_unsent_after, the one definition of
--- unsent). The position is the relay's (its last claim's next one, maybe
--- not recorded yet: batches are in flight) unless a redrive came since the
+-- position does not cover (outbox_covered, db/migrations/platform/00016).
+-- The position is the relay's (its last claim's next one, maybe not
+-- recorded yet: batches are in flight) unless a redrive came since the
 -- relay's claims began (epoch); then it is the recorded one, the redrive's.
 --
--- The span is the position's while it has rows left; else the position
--- covers the whole span (or it was closed: span_snap = snap), and a new
--- span begins: what this statement sees, up to the highest id it sees. A
--- row that commits later has its transaction in the snapshot's running
--- list or above its xmax, so a later span has it. closes tells that the
--- batch is the span's last: once it is acknowledged, (span_snap,
--- span_upto) covers the span (RecordBatch). Per aggregate, id order is
--- write order: an aggregate's next event is written after the commit of
--- its previous one, so a snapshot that sees it sees that one too, and it
--- has a higher id.
+-- A span is what one snapshot saw, paged in id order. While the position's
+-- span has rows left, the batch is its next page: one id range, as the
+-- span's rows lie above span_done. Else a new span begins from the
+-- position's span: what this statement sees (outbox_unsent_after, whose
+-- rows it sees all have ids up to outbox_last_id). A row that commits later
+-- has its transaction in the snapshot's running list or above its xmax, so
+-- a later span has it. closes tells that the batch is the span's last: once
+-- it is acknowledged, (span_snap, span_upto) covers the span (RecordBatch).
+-- Per aggregate, id order is write order: an aggregate's next event is
+-- written after the commit of its previous one, so a snapshot that sees it
+-- sees that one too, and it has a higher id.
 WITH pos AS MATERIALIZED (
     SELECT p.epoch,
            CASE WHEN p.epoch = @epoch::bigint THEN CAST(@snap::text AS pg_snapshot) ELSE p.snap END AS snap,
@@ -73,31 +74,31 @@ WITH pos AS MATERIALIZED (
            CASE WHEN p.epoch = @epoch::bigint THEN @span_upto::bigint ELSE p.span_upto END AS span_upto,
            CASE WHEN p.epoch = @epoch::bigint THEN @span_done::bigint ELSE p.span_done END AS span_done
     FROM outbox_position p
-), rest AS MATERIALIZED (
-    SELECT o.* FROM pos, outbox_unsent_after(pos.snap, pos.upto, pos.span_snap, pos.span_done) o
-    WHERE pos.span_done < pos.span_upto
+), page AS MATERIALIZED (
+    SELECT o.* FROM pos, outbox o
+    WHERE (SELECT span_done < span_upto FROM pos)
       AND o.id > pos.span_done AND o.id <= pos.span_upto AND pg_visible_in_snapshot(o.xact_id, pos.span_snap)
+      AND NOT outbox_covered(o.id, o.xact_id, pos.snap, pos.upto, pos.span_snap, pos.span_done)
     ORDER BY o.id
     LIMIT @batch_size::bigint
 ), span AS MATERIALIZED (
     SELECT pos.epoch, pos.snap, pos.upto, pos.span_snap, pos.span_upto, pos.span_done
-    FROM pos WHERE EXISTS (SELECT 1 FROM rest)
+    FROM pos WHERE EXISTS (SELECT 1 FROM page)
     UNION ALL
-    SELECT pos.epoch, pos.span_snap, pos.span_upto, pg_current_snapshot(),
-           greatest(pos.span_upto, (SELECT max(id) FROM outbox)), 0
-    FROM pos WHERE NOT EXISTS (SELECT 1 FROM rest)
+    SELECT pos.epoch, pos.span_snap, pos.span_upto, pg_current_snapshot(), greatest(pos.span_upto, outbox_last_id()), 0
+    FROM pos WHERE NOT EXISTS (SELECT 1 FROM page)
 ), batch AS MATERIALIZED (
-    SELECT * FROM rest
+    SELECT * FROM page
     UNION ALL
     (SELECT o.* FROM span, outbox_unsent_after(span.snap, span.upto, span.span_snap, 0) o
-     WHERE NOT EXISTS (SELECT 1 FROM rest) AND o.id <= span.span_upto
+     WHERE NOT EXISTS (SELECT 1 FROM page)
      ORDER BY o.id
      LIMIT @batch_size::bigint)
 )
 SELECT b.id, b.created_at, b.event_id, b.event_type, b.source, b.subject, b.nats_subject, b.event_time, b.data, b.traceparent,
        span.epoch::bigint AS epoch, span.snap::text AS snap, span.upto::bigint AS upto,
        span.span_snap::text AS span_snap, span.span_upto::bigint AS span_upto,
-       ((SELECT count(*) FROM batch) < @batch_size::bigint OR (SELECT max(id) FROM batch) = span.span_upto)::boolean AS closes
+       ((SELECT count(*) FROM batch) < @batch_size::bigint OR (SELECT max(id) FROM batch) >= span.span_upto)::boolean AS closes
 FROM batch b, span
 ORDER BY b.id;
 
