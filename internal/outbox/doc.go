@@ -45,8 +45,9 @@
 //  3. No row is covered before it commits: a row not visible in a snapshot
 //     has its transaction in the snapshot's running list or at or above its
 //     xmax, and then no position taken from that snapshot covers it,
-//     whatever its id. A row a snapshot sees has an id at most the highest
-//     that snapshot sees, which is what a closing position's upto is.
+//     whatever its id. A row a snapshot sees has an id at most the identity
+//     sequence's last value read after it, which is what a closing
+//     position's upto is at least: no row that snapshot saw stays above it.
 //  4. Per aggregate, publish order is write order: a producer writes an
 //     aggregate's next event after the commit of its previous one (see
 //     Enqueue), so a snapshot that sees the next sees the previous, whose id
