@@ -9,8 +9,9 @@
 //
 //	func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 //
-// (Main, outside this module), and an internal test of the service's
-// package, so that a handler may be an unexported dispatcher:
+// (outside this module, os.Exit(conformance.Main(m)), which is the same),
+// and an internal test of the service's package, so that a handler may be
+// an unexported dispatcher:
 //
 //	func TestConformance(t *testing.T) {
 //		t.Parallel()

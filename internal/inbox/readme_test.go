@@ -49,8 +49,8 @@ var quotes = []quote{
 // TestTheDocsQuoteTheCodeAsItIs checks every Go and YAML snippet of the
 // README, docs/ and the conformance kit's package doc against the code it
 // quotes: its lines are the code's, in order and together, but for a line
-// "…", which stands for any lines. Indentation is not compared: a snippet
-// may quote lines nested deeper in the code.
+// "…", which stands for any lines, and but for the indentation of lines
+// nested deeper in the code.
 func TestTheDocsQuoteTheCodeAsItIs(t *testing.T) {
 	t.Parallel()
 	docs, err := filepath.Glob(filepath.Join(repoRoot, "docs", "*.md"))
@@ -111,13 +111,24 @@ func within(snippet, code []string) bool {
 }
 
 // at reports whether snippet is the lines at the start of code (a "…" in
-// it standing for any lines).
+// it standing for any lines), each indented alike: by as much more as its
+// first line is, so a snippet may quote lines nested deeper in the code.
 func at(snippet, code []string) bool {
+	if len(code) == 0 {
+		return false
+	}
+	pad, ok := strings.CutSuffix(code[0], snippet[0])
+	if !ok || strings.TrimSpace(pad) != "" || strings.TrimSpace(snippet[0]) == "" {
+		return false
+	}
 	for j, line := range snippet {
-		if strings.TrimSpace(line) == "…" {
+		switch {
+		case strings.TrimSpace(line) == "…":
 			return within(snippet[j+1:], code[j:])
-		}
-		if j >= len(code) || strings.TrimSpace(line) != strings.TrimSpace(code[j]) {
+		case j >= len(code):
+			return false
+		case line == "" && code[j] == "":
+		case code[j] != pad+line:
 			return false
 		}
 	}
