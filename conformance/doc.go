@@ -4,28 +4,46 @@
 // real inbox and outbox, against real PostgreSQL and NATS JetStream (the
 // project's test environment), reporting each property by name.
 //
-// The whole test of a service (see docs/new-service.md):
+// The whole test of a service, as `onceflow new service` writes it (see
+// docs/new-service.md): a test main,
 //
-//	func TestMain(m *testing.M) { os.Exit(conformance.Main(m)) }
+//	func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+//
+// (outside this module, os.Exit(conformance.Main(m)), which is the same),
+// and an internal test of the service's package, so that a handler may be
+// an unexported dispatcher:
 //
 //	func TestConformance(t *testing.T) {
-//		migrations, err := db.Migrations(loyalty.Name)
+//		t.Parallel()
+//		migrations, err := db.Migrations(Name)
 //		require.NoError(t, err)
 //		conformance.Run(t, conformance.Service{
-//			Name:       loyalty.Name,
+//			Name:       Name,
 //			Migrations: migrations,
 //			New: func(env conformance.Env) []conformance.Subscription {
-//				s := loyalty.New(env.Pool)
-//				return []conformance.Subscription{{
-//					Stream: streams.Orders, Durable: streams.LoyaltyOrders,
-//					Handler:  s.HandleOrderConfirmed,
-//					NewEvent: newOrderConfirmed, // a fresh event, its effect visible
-//					Effect: conformance.Count(`SELECT count(*) FROM point_awards WHERE order_id = $1`,
-//						func(ev conformance.Event) any { return ev.Subject }),
-//				}}
+//				s := New(env.Pool)
+//				return []conformance.Subscription{
+//					{
+//						Stream:  streams.Orders,
+//						Durable: streams.LoyaltyOrders,
+//						Handler: s.HandleOrderConfirmed,
+//						// A OrderConfirmed of a new order of a customer of its own.
+//						NewEvent: func(t testing.TB, _ conformance.Env) conformance.Event {
+//							orderID, customer := uuid.Must(uuid.NewV7()), "c-"+uuid.NewString()
+//							ev, err := event.New("order", event.OrderConfirmed, orderID.String(), event.OrderConfirmedV1{Order: event.Order{OrderID: orderID, CustomerID: customer}, TotalCents: 300})
+//							require.NoError(t, err)
+//							return ev
+//						},
+//						Effect: customerEffect,
+//					},
+//				}
 //			},
 //		})
 //	}
+//
+// NewEvent makes a fresh event that has an effect; Effect counts that
+// effect, here the generated service's starter tally (conformance.Count
+// over a query).
 //
 // The properties, each a subtest (subscription/property, or
 // subscription/mode/property where the inbox's mode matters), each on a

@@ -59,8 +59,9 @@ func (s service) envNames() ([]string, error) {
 func (s service) command(ctx context.Context, inv invocation, args []string) error {
 	fs := flagSet(s.name, "", fmt.Sprintf(`
 Runs the %s service, configured from the environment, until SIGINT or
-SIGTERM. It migrates its database, provisions the JetStream streams, and
-serves its HTTP API, inbox consumers and outbox relay; on a signal it stops
+SIGTERM. It migrates its database, waits for its durables (which 'onceflow
+provision' creates: a service may not), and serves its HTTP API, inbox
+consumers and outbox relay; on a signal it stops
 consuming, finishes in-flight work, flushes its outbox and exits.
 
 Environment:
