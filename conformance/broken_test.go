@@ -18,13 +18,28 @@ import (
 	"github.com/onceflow/onceflow/internal/event"
 )
 
-// A broken handler, the property of the kit it breaks, and words of the
+// A broken handler (or set-based handler: the other one is then the
+// correct one), the property of the kit it breaks, and words of the
 // failure's advice on what to fix.
 type breakage struct {
 	name     string
 	handler  func(s *testService) conformance.Handler
 	property string
 	advice   string
+	batch    func(s *testService) conformance.BatchHandler
+}
+
+// all is every broken handler: the ones the kit always caught and the
+// ones it let pass (blindSpots).
+func all() []breakage { return slices.Concat(breakages, blindSpots) }
+
+// service is the test service with b's handlers.
+func (b breakage) service(t *testing.T) conformance.Service {
+	handler := b.handler
+	if handler == nil {
+		handler = func(s *testService) conformance.Handler { return s.handle }
+	}
+	return service(t, handler, b.batch)
 }
 
 var breakages = []breakage{
@@ -38,7 +53,7 @@ var breakages = []breakage{
 			_, err := s.pool.Exec(ctx, `INSERT INTO effects (order_id, event_id) VALUES ($1, $2)`, p.OrderID, ev.ID)
 			return err
 		}
-	}, "writes-only-on-its-transaction", "through the tx it is given"},
+	}, "writes-only-on-its-transaction", "through the tx it is given", nil},
 	{"direct-publish", func(s *testService) conformance.Handler {
 		// Its event published to JetStream at once, not written to the outbox.
 		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
@@ -60,7 +75,7 @@ var breakages = []breakage{
 			_, err = s.js.PublishMsg(ctx, msg)
 			return err
 		}
-	}, "emits-through-the-outbox", "outbox.Enqueue"},
+	}, "emits-through-the-outbox", "outbox.Enqueue", nil},
 	{"commits-itself", func(s *testService) conformance.Handler {
 		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 			if err := s.handle(ctx, tx, ev); err != nil {
@@ -68,7 +83,7 @@ var breakages = []breakage{
 			}
 			return tx.Commit(ctx)
 		}
-	}, "writes-only-on-its-transaction", "never commit or roll back tx"},
+	}, "writes-only-on-its-transaction", "never commit or roll back tx", nil},
 	{"in-memory-state", func(s *testService) conformance.Handler {
 		// Deduplicates by itself, in memory: a rolled-back run is
 		// remembered as done.
@@ -78,7 +93,7 @@ var breakages = []breakage{
 			}
 			return s.handle(ctx, tx, ev)
 		}
-	}, "error-retried-with-backoff", "no state outside the tx it is given"},
+	}, "error-retried-with-backoff", "no state outside the tx it is given", nil},
 	{"swallows-decode-error", func(s *testService) conformance.Handler {
 		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 			var p event.OrderPlacedV1
@@ -87,7 +102,7 @@ var breakages = []breakage{
 			}
 			return s.handle(ctx, tx, ev)
 		}
-	}, "permanent-error-to-dlq", "swallowed the decode error"},
+	}, "permanent-error-to-dlq", "swallowed the decode error", nil},
 }
 
 // brokenEnv, set in TestBrokenHandlersFailTheKit's child process, makes
@@ -101,10 +116,10 @@ func TestBrokenHandlerProcess(t *testing.T) {
 	if os.Getenv(brokenEnv) != "1" {
 		return
 	}
-	for _, b := range breakages {
+	for _, b := range all() {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
-			conformance.Run(t, service(t, b.handler))
+			conformance.Run(t, b.service(t))
 		})
 	}
 }
@@ -116,7 +131,7 @@ func TestBrokenHandlerProcess(t *testing.T) {
 func TestBrokenHandlersFailTheKit(t *testing.T) {
 	t.Parallel()
 	failed, output := runChild(t)
-	for _, b := range breakages {
+	for _, b := range all() {
 		t.Run(b.name, func(t *testing.T) {
 			var names []string
 			for name := range failed {

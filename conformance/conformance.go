@@ -30,9 +30,13 @@ type Handler = func(ctx context.Context, tx pgx.Tx, ev Event) error
 
 // BatchHandler is the inbox's set-based handler (inbox.BatchHandler): it
 // applies the effects of a batch's new events at once, and queues its
-// writes on writes. Only a service inside this module can write one, as
-// the pipeline's type is internal.
-type BatchHandler = func(ctx context.Context, tx pgx.Tx, evs []Event, writes *postgres.Pipeline) error
+// writes on writes.
+type BatchHandler = func(ctx context.Context, tx pgx.Tx, evs []Event, writes *Pipeline) error
+
+// Pipeline is the explicit write pipeline a BatchHandler queues its writes
+// on (a sqlc DBTX whose :exec statements run with the COMMIT). It is an
+// alias, so that a service in another module can write a BatchHandler.
+type Pipeline = postgres.Pipeline
 
 // ErrInvalid is wrapped by the error of Event.Decode: an event whose
 // payload is malformed. A handler that returns it (or wraps it) has the
@@ -93,6 +97,13 @@ type Subscription struct {
 	// with an effect Effect can see. It may prepare the database for it
 	// (e.g. credit the wallet an order will debit), through env.Pool.
 	NewEvent func(t testing.TB, env Env) Event
+	// NewEvents, when set, returns n new events that share the entities
+	// they touch (one customer's wallet, one SKU), the database prepared
+	// for all of them: the kit batches them and runs them concurrently,
+	// where a set-based handler that keeps one change per entity, or a
+	// read that does not lock what it updates, loses one. Without it the
+	// kit makes those events with NewEvent, and they share nothing.
+	NewEvents func(t testing.TB, env Env, n int) []Event
 	// Effect counts how many times ev's effect is in the database: 0
 	// before it was processed, 1 after. Count builds one from a query.
 	Effect func(ctx context.Context, db *pgxpool.Pool, ev Event) (int, error)

@@ -55,6 +55,42 @@ func writesOnlyOnItsTransaction(t *testing.T, s *subject) {
 	if n := s.effect(t, ev); n != 0 {
 		t.Errorf("after the handler's transaction was rolled back, Effect counts %d: the handler wrote outside its tx", n)
 	}
+	if s.sub.BatchHandler != nil {
+		s.batchWritesOnlyOnItsTransaction(t)
+	}
+}
+
+// batchWritesOnlyOnItsTransaction is writesOnlyOnItsTransaction for the
+// set-based handler, given events that share their entities, its queued
+// writes sent on its transaction.
+func (s *subject) batchWritesOnlyOnItsTransaction(t *testing.T) {
+	ctx := t.Context()
+	evs := s.newEvents(t, relatedEvents)
+	before := snapshot(t, s.db)
+	tx, err := s.env.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatalf("conformance: begin: %v", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	acquired := s.env.Pool.Stat().AcquireCount()
+	var writes Pipeline
+	if err := s.sub.BatchHandler(ctx, tx, evs, &writes); err != nil {
+		t.Fatalf("the set-based handler failed on new events: %v", err)
+	}
+	if n := s.env.Pool.Stat().AcquireCount() - acquired; n > 0 {
+		t.Errorf("the set-based handler took %d connections of its own from the pool while it ran: it must read through the tx it is given and queue its writes on writes", n)
+	}
+	if err := writes.Send(ctx, tx); err != nil {
+		t.Fatalf("the set-based handler's queued writes failed on new events: %v", err)
+	}
+	if inTx := snapshot(t, tx); equalTables(before, inTx) {
+		t.Errorf("the set-based handler changed nothing in the transaction it was given: it must write its effects through tx or writes")
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatalf("conformance: rollback: %v", err)
+	}
+	requireSameTables(t, before, snapshot(t, s.db),
+		"after the set-based handler's transaction was rolled back: it wrote through a connection of its own (the pool, a second pool), not the tx it is given or writes; such a write outlives a rollback, and happens again at every redelivery")
 }
 
 // snapshot returns every row of every table q sees (testenv.Tables).

@@ -135,6 +135,7 @@ type hooks struct {
 	batchHandler BatchHandler
 	afterCommit  func(Event)
 	workers      int
+	batchSize    int
 	js           jetstream.JetStream
 }
 
@@ -150,7 +151,7 @@ func (s *subject) start(t *testing.T, h hooks) *consumer {
 	t.Helper()
 	cfg := inbox.Config{
 		Stream: s.sub.Stream, Durable: s.sub.Durable,
-		Batched: s.mode.batched, Workers: h.workers,
+		Batched: s.mode.batched, Workers: h.workers, BatchSize: h.batchSize,
 		NakDelay: nakDelay, Topology: &s.topology,
 	}
 	if h.afterCommit != nil {
@@ -326,23 +327,24 @@ func (s *subject) deadLetterOf(t *testing.T, ev Event) *jetstream.RawStreamMsg {
 	return s.deadLetters(t)[i]
 }
 
-// emitted returns every message in the saga's event streams but those of
-// the consumed stream's events the kit published.
-func (s *subject) emitted(t *testing.T, inputs map[string]bool) []*jetstream.RawStreamMsg {
+// emitted returns every message on the server, in every stream (the
+// saga's, the DLQ, a key-value bucket's, one the service made), but those
+// of the events the kit published (inputs) and those in a stream before
+// since's mark of it.
+func (s *subject) emitted(t *testing.T, inputs map[string]bool, since map[string]uint64) []*jetstream.RawStreamMsg {
 	t.Helper()
 	ctx := t.Context()
 	var out []*jetstream.RawStreamMsg
-	for _, def := range s.topology.Streams {
-		st, err := s.env.JS.Stream(ctx, def.Name)
+	for name, last := range s.streamMarks(t) {
+		st, err := s.env.JS.Stream(ctx, name)
 		if err != nil {
 			t.Fatalf("conformance: %v", err)
 		}
-		info, err := st.Info(ctx)
-		if err != nil {
-			t.Fatalf("conformance: %v", err)
-		}
-		for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		for seq := since[name] + 1; seq <= last; seq++ {
 			msg, err := st.GetMsg(ctx, seq)
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				continue // deleted, or a key-value entry replaced since
+			}
 			if err != nil {
 				t.Fatalf("conformance: %v", err)
 			}
@@ -352,6 +354,20 @@ func (s *subject) emitted(t *testing.T, inputs map[string]bool) []*jetstream.Raw
 		}
 	}
 	return out
+}
+
+// streamMarks returns the last sequence of every stream on the server.
+func (s *subject) streamMarks(t *testing.T) map[string]uint64 {
+	t.Helper()
+	marks := map[string]uint64{}
+	list := s.env.JS.ListStreams(t.Context())
+	for info := range list.Info() {
+		marks[info.Config.Name] = info.State.LastSeq
+	}
+	if err := list.Err(); err != nil {
+		t.Fatalf("conformance: list the streams: %v", err)
+	}
+	return marks
 }
 
 // conn is a NATS connection of its own, closed at the end of the test.
