@@ -27,11 +27,7 @@ var blindSpots = []breakage{
 				if err := s.record(ctx, tx, ev, p, lockWallet); err != nil {
 					return err
 				}
-				next, err := s.rejection(ev, p)
-				if err != nil {
-					return err
-				}
-				return outbox.Enqueue(ctx, tx, next)
+				return s.emit(ctx, tx, ev, p) // outbox.Enqueue's error, and the loop's end
 			}
 			return nil
 		}
@@ -51,11 +47,7 @@ var blindSpots = []breakage{
 		// Stages its rows in a temporary table emptied only at the
 		// commit: the events that share a transaction apply their
 		// predecessors' rows again.
-		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-			var p event.OrderPlacedV1
-			if err := ev.Decode(&p); err != nil {
-				return err
-			}
+		return decoded(func(ctx context.Context, tx pgx.Tx, ev event.Envelope, p event.OrderPlacedV1) error {
 			for _, sql := range []string{
 				`CREATE TEMP TABLE IF NOT EXISTS staging (order_id uuid, event_id uuid) ON COMMIT DELETE ROWS`,
 				`INSERT INTO staging VALUES ($1, $2)`,
@@ -66,15 +58,11 @@ var blindSpots = []breakage{
 				}
 			}
 			return s.debitAndEmit(ctx, tx, ev, p)
-		}
+		})
 	}, property: "batched/batch-of-events-sharing-entities", advice: "apply each event once"},
 	{name: "emitted-kept-in-memory", handler: func(s *testService) conformance.Handler {
 		// Remembers what it emitted: the retry that commits emits nothing.
-		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-			var p event.OrderPlacedV1
-			if err := ev.Decode(&p); err != nil {
-				return err
-			}
+		return decoded(func(ctx context.Context, tx pgx.Tx, ev event.Envelope, p event.OrderPlacedV1) error {
 			if err := s.record(ctx, tx, ev, p, lockWallet); err != nil {
 				return err
 			}
@@ -86,26 +74,25 @@ var blindSpots = []breakage{
 				return err
 			}
 			return outbox.Enqueue(ctx, tx, next)
-		}
+		})
 	}, property: "error-retried-with-backoff", advice: "no state outside the tx it is given"},
 	{name: "copied-envelope-keeps-its-id", handler: func(s *testService) conformance.Handler {
-		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-			if err := s.handle(ctx, tx, ev); err != nil {
-				return err
-			}
-			var p event.OrderPlacedV1
-			if err := ev.Decode(&p); err != nil {
+		return decoded(func(ctx context.Context, tx pgx.Tx, ev event.Envelope, p event.OrderPlacedV1) error {
+			if err := s.record(ctx, tx, ev, p, lockWallet); err != nil {
 				return err
 			}
 			next, err := s.rejection(ev, p)
 			if err != nil {
 				return err
 			}
+			if err := outbox.Enqueue(ctx, tx, next); err != nil {
+				return err
+			}
 			// A second event made from a copy of the first: same id.
 			again := next
 			again.Type = event.PaymentDebited
 			return outbox.Enqueue(ctx, tx, again)
-		}
+		})
 	}, property: "emits-through-the-outbox", advice: "an id of its own"},
 	{name: "key-value-put", handler: func(s *testService) conformance.Handler {
 		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
@@ -121,23 +108,15 @@ var blindSpots = []breakage{
 		}
 	}, property: "emits-through-the-outbox", advice: "a key-value put is a publish too"},
 	{name: "statement-errors-marked-permanent", handler: func(s *testService) conformance.Handler {
-		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-			var p event.OrderPlacedV1
-			if err := ev.Decode(&p); err != nil {
-				return err
-			}
+		return decoded(func(ctx context.Context, tx pgx.Tx, ev event.Envelope, p event.OrderPlacedV1) error {
 			if err := s.record(ctx, tx, ev, p, lockWallet); err != nil {
 				return conformance.Permanent(err) // "the database refused it"
 			}
 			return s.emit(ctx, tx, ev, p)
-		}
+		})
 	}, property: "statement-error-retried", advice: "mark Permanent only an event no retry can apply"},
 	{name: "savepoint-swallows-errors", handler: func(s *testService) conformance.Handler {
-		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-			var p event.OrderPlacedV1
-			if err := ev.Decode(&p); err != nil {
-				return err
-			}
+		return decoded(func(ctx context.Context, tx pgx.Tx, ev event.Envelope, p event.OrderPlacedV1) error {
 			sp, err := tx.Begin(ctx)
 			if err != nil {
 				return err
@@ -150,20 +129,27 @@ var blindSpots = []breakage{
 				return err
 			}
 			return s.debitAndEmit(ctx, tx, ev, p)
-		}
+		})
 	}, property: "statement-error-retried", advice: "acks an event it never applied"},
 	{name: "balance-read-without-lock", handler: func(s *testService) conformance.Handler {
-		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-			var p event.OrderPlacedV1
-			if err := ev.Decode(&p); err != nil {
-				return err
-			}
+		return decoded(func(ctx context.Context, tx pgx.Tx, ev event.Envelope, p event.OrderPlacedV1) error {
 			if err := s.record(ctx, tx, ev, p, `SELECT balance_cents FROM wallets WHERE customer_id = $1`); err != nil {
 				return err
 			}
 			return s.emit(ctx, tx, ev, p)
-		}
+		})
 	}, property: "reference/concurrent-events-on-one-entity", advice: "must be locked"},
+}
+
+// decoded is a handler that decodes its OrderPlaced and runs f.
+func decoded(f func(ctx context.Context, tx pgx.Tx, ev event.Envelope, p event.OrderPlacedV1) error) conformance.Handler {
+	return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		var p event.OrderPlacedV1
+		if err := ev.Decode(&p); err != nil {
+			return err // wraps event.ErrInvalid: dead-lettered at once
+		}
+		return f(ctx, tx, ev, p)
+	}
 }
 
 // argsOf is the arguments of the staging breakage's statements.
@@ -185,13 +171,4 @@ func (s *testService) debitAndEmit(ctx context.Context, tx pgx.Tx, ev event.Enve
 		return fmt.Errorf("debit wallet %s: %w", p.CustomerID, err)
 	}
 	return s.emit(ctx, tx, ev, p)
-}
-
-// emit writes the order's PaymentRejected to the outbox.
-func (s *testService) emit(ctx context.Context, tx pgx.Tx, ev event.Envelope, p event.OrderPlacedV1) error {
-	next, err := s.rejection(ev, p)
-	if err != nil {
-		return err
-	}
-	return outbox.Enqueue(ctx, tx, next)
 }

@@ -46,6 +46,11 @@ func (s *testService) handle(ctx context.Context, tx pgx.Tx, ev event.Envelope) 
 	if err := s.record(ctx, tx, ev, p, lockWallet); err != nil {
 		return err
 	}
+	return s.emit(ctx, tx, ev, p)
+}
+
+// emit writes the order's PaymentRejected to the outbox.
+func (s *testService) emit(ctx context.Context, tx pgx.Tx, ev event.Envelope, p event.OrderPlacedV1) error {
 	next, err := s.rejection(ev, p)
 	if err != nil {
 		return err
