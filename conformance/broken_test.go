@@ -17,6 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/conformance"
 	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/streams"
 )
 
 // A broken handler (or set-based handler: the other one is then the
@@ -201,4 +202,50 @@ func runChild(t *testing.T, pattern string) (failed map[string]bool, output map[
 		t.Fatalf("the child process failed without a failed test (%v):\n%s", err, stderr.String())
 	}
 	return failed, output
+}
+
+// TestUntestedSubscriptionProcess is the child process of
+// TestUntestedSubscriptionsFailTheKit: services that leave a durable of
+// theirs, or an event type a durable consumes, without a Subscription.
+func TestUntestedSubscriptionProcess(t *testing.T) {
+	if os.Getenv(brokenEnv) != "1" {
+		return
+	}
+	correct := func(s *testService) conformance.Handler { return s.handle }
+	t.Run("missing-durable", func(t *testing.T) {
+		svc := service(t, correct, nil)
+		svc.Name = "payment" // whose durables are payment-orders, payment-inventory and payment-expiries
+		conformance.Run(t, svc)
+	})
+	t.Run("missing-type", func(t *testing.T) {
+		svc := service(t, correct, nil)
+		newSubs := svc.New
+		svc.New = func(env conformance.Env) []conformance.Subscription {
+			subs := newSubs(env)
+			subs[0].Stream, subs[0].Durable = streams.Orders, streams.NotifyOrders // which consumes five types
+			return subs
+		}
+		conformance.Run(t, svc)
+	})
+}
+
+// TestUntestedSubscriptionsFailTheKit checks that the kit fails a service
+// whose test leaves out a durable of the service's (as its wiring runs
+// them), or an event type a durable consumes, before any property runs.
+func TestUntestedSubscriptionsFailTheKit(t *testing.T) {
+	t.Parallel()
+	// No property runs: the check comes first.
+	failed, output := runChild(t, "^TestUntestedSubscriptionProcess$/./^none$")
+	for name, want := range map[string]string{
+		"missing-durable": "the service's durable payment-inventory (internal/streams) has no Subscription",
+		"missing-type":    "durable notify-orders consumes orders.confirmed.v1, but no Subscription of it makes such an event",
+	} {
+		test := "TestUntestedSubscriptionProcess/" + name
+		if !failed[test] {
+			t.Errorf("the kit passed a service whose test has a %s", name)
+		}
+		if !strings.Contains(output[test], want) {
+			t.Errorf("the failure of a %s does not say %q:\n%s", name, want, output[test])
+		}
+	}
 }

@@ -96,6 +96,11 @@ type Subscription struct {
 	// NewEvent returns a new event (a fresh id) that the handler applies
 	// with an effect Effect can see. It may prepare the database for it
 	// (e.g. credit the wallet an order will debit), through env.Pool.
+	// Every event type the durable consumes must be made: by a
+	// Subscription of its own (notify's test), or by a NewEvent that makes
+	// the durable's types in turn, one per call (order's test); the kit
+	// fails a durable of the service that has no Subscription, and a type
+	// no NewEvent makes.
 	NewEvent func(t testing.TB, env Env) Event
 	// NewEvents, when set, returns n new events that share the entities
 	// they touch (one customer's wallet, one SKU), the database prepared
@@ -146,6 +151,7 @@ func Run(t *testing.T, svc Service) {
 	// The subscriptions' names and modes, from a service built once on a
 	// database of its own.
 	probe := newWorld(t, svc)
+	probe.requireEverySubscription(t, svc.Name)
 	for i, sub := range probe.subs {
 		t.Run(sub.Durable, func(t *testing.T) {
 			t.Parallel()

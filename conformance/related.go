@@ -111,7 +111,7 @@ func concurrentOnOneEntity(t *testing.T, s *subject) {
 func statementErrorRetried(t *testing.T, s *subject) {
 	evs := s.newEvents(t, relatedEvents)
 	c := s.cleanRun(t, evs)
-	inj := &injector{at: map[uuid.UUID]int{}, done: map[uuid.UUID]bool{}}
+	inj := &injector{at: map[uuid.UUID]int{}, done: map[uuid.UUID]bool{}, batchDone: map[uuid.UUID]bool{}}
 	for i, ev := range evs {
 		inj.at[ev.ID] = min(i+1, c.statements[ev.ID])
 	}
@@ -139,12 +139,14 @@ func statementErrorRetried(t *testing.T, s *subject) {
 }
 
 // injector fails, once for each event, the statement at[ev] of its
-// handler; and the first statement of a set-based handler's call once.
+// handler; and the first statement of the set-based handler's first call
+// with each event (so that every event also reaches the handler, when the
+// inbox processes the failed batch's events one by one).
 type injector struct {
 	mu        sync.Mutex
 	at        map[uuid.UUID]int
 	done      map[uuid.UUID]bool
-	batchDone bool
+	batchDone map[uuid.UUID]bool
 }
 
 func (inj *injector) hooks(s *subject) hooks {
@@ -162,13 +164,15 @@ func (inj *injector) hooks(s *subject) hooks {
 	}}
 	if s.sub.BatchHandler != nil {
 		h.batchHandler = func(ctx context.Context, tx pgx.Tx, evs []Event, writes *postgres.Pipeline) error {
+			fail := inj.failBatch(evs)
 			err := s.sub.BatchHandler(ctx, watch(tx, func(ctx context.Context, tx pgx.Tx, _ int) error {
-				if inj.failBatch() {
+				if fail {
+					fail = false
 					return failStatement(ctx, tx)
 				}
 				return nil
 			}), evs, writes)
-			if err == nil && inj.failBatch() {
+			if err == nil && fail {
 				return errInjected // it ran no statement on tx: fail it after it ran
 			}
 			return err
@@ -177,12 +181,16 @@ func (inj *injector) hooks(s *subject) hooks {
 	return h
 }
 
-// failBatch reports whether to fail the set-based handler's call: once.
-func (inj *injector) failBatch() bool {
+// failBatch reports whether to fail the set-based handler's call with
+// evs: when one of them has not seen a failed call yet.
+func (inj *injector) failBatch(evs []Event) bool {
 	inj.mu.Lock()
 	defer inj.mu.Unlock()
-	fail := !inj.batchDone
-	inj.batchDone = true
+	fail := false
+	for _, ev := range evs {
+		fail = fail || !inj.batchDone[ev.ID]
+		inj.batchDone[ev.ID] = true
+	}
 	return fail
 }
 

@@ -14,8 +14,8 @@ import (
 // watchedTx is the transaction the kit hands a handler when a property
 // needs to act inside it: it counts the statements the handler runs on it
 // and on its savepoints, and calls stmt before each, which may fail it.
-// Statements queued on a Pipeline are not the handler's to answer and are
-// not seen.
+// A batch sent on it (a Pipeline) is one statement; statements a
+// set-based handler queues on the inbox's Pipeline are not seen.
 type watchedTx struct {
 	pgx.Tx
 	// stmt is told of the statement about to run on tx (the transaction
@@ -64,6 +64,15 @@ func (w *watchedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.R
 	return w.Tx.QueryRow(ctx, sql, args...)
 }
 
+// SendBatch sends a batch of statements (a Pipeline sent on tx), counted
+// as one statement.
+func (w *watchedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := w.next(ctx); err != nil {
+		return errBatch{err: err, tx: w}
+	}
+	return w.Tx.SendBatch(ctx, b)
+}
+
 // failStatement makes the server fail a statement of tx as a transient
 // failure does: a serialization failure, which aborts the transaction (or
 // the savepoint it runs in) as a real one would, and which a retry cures.
@@ -89,6 +98,18 @@ func (r errRows) Values() ([]any, error)                       { return nil, r.e
 func (r errRows) RawValues() [][]byte                          { return nil }
 func (r errRows) Conn() *pgx.Conn                              { return nil }
 func (r errRows) TypeMap() *pgtype.Map                         { return pgtype.NewMap() }
+
+// errBatch is the answer to a batch the kit failed.
+type errBatch struct {
+	err error
+	tx  pgx.Tx
+}
+
+func (b errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
+func (b errBatch) Query() (pgx.Rows, error)         { return errRows{b.err}, b.err }
+func (b errBatch) QueryRow() pgx.Row                { return errRows{b.err} }
+func (b errBatch) Close() error                     { return b.err }
+func (b errBatch) Tx() pgx.Tx                       { return b.tx }
 
 // rendezvous holds each handler that reaches it until want have, or wait
 // has passed since it came: the reads of concurrent handlers then all run

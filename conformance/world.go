@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -109,6 +110,38 @@ func (w *world) addConsumer(service string, sub Subscription) error {
 		Stream: sub.Stream, Durable: sub.Durable, Service: service, FilterSubjects: sub.Subjects,
 	})
 	return nil
+}
+
+// requireEverySubscription fails the test unless w's subscriptions test
+// every durable the saga's topology gives the service, and every event
+// type each durable consumes: a Subscription per type, or one whose
+// NewEvent makes the durable's types in turn (a call each).
+func (w *world) requireEverySubscription(t *testing.T, service string) {
+	t.Helper()
+	made := map[string]bool{} // durable and subject
+	for i := range w.subs {
+		s := w.subject(t, i)
+		// Calls enough for a NewEvent that makes the durable's types in
+		// turn.
+		c, _ := w.topology.Consumer(s.sub.Durable)
+		for range max(1, len(c.FilterSubjects)) {
+			made[s.sub.Durable+" "+mustSubject(t, s.newEvent(t))] = true
+		}
+	}
+	for _, c := range w.topology.Consumers {
+		i := slices.IndexFunc(w.subs, func(sub Subscription) bool { return sub.Durable == c.Durable })
+		if i < 0 {
+			if c.Service == service {
+				t.Errorf("the service's durable %s (internal/streams) has no Subscription: each subscription its wiring runs must be tested", c.Durable)
+			}
+			continue
+		}
+		for _, subj := range c.FilterSubjects {
+			if !strings.HasSuffix(subj, ">") && !made[c.Durable+" "+subj] {
+				t.Errorf("durable %s consumes %s, but no Subscription of it makes such an event: give each event type a durable consumes a Subscription of its own, whose NewEvent makes that type", c.Durable, subj)
+			}
+		}
+	}
 }
 
 // subject is one subscription of a world under test, in a mode.
