@@ -105,6 +105,48 @@ var breakages = []breakage{
 			return s.handle(ctx, tx, ev)
 		}
 	}, "permanent-error-to-dlq", "swallowed the decode error", nil},
+	{"second-pool", func(s *testService) conformance.Handler {
+		// Its effect through a connection of its own, as a second pool's.
+		return decoded(func(ctx context.Context, tx pgx.Tx, ev event.Envelope, p event.OrderPlacedV1) error {
+			conn, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())
+			if err != nil {
+				return err
+			}
+			defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+			_, err = conn.Exec(ctx, `INSERT INTO effects (order_id, event_id) VALUES ($1, $2)`, p.OrderID, ev.ID)
+			return err
+		})
+	}, "writes-only-on-its-transaction", "through the tx it is given", nil},
+	{"skips-processed-events", func(s *testService) conformance.Handler {
+		// Deduplicates by itself, on the inbox's table: the inbox claimed
+		// the event before the handler runs, so it skips every event.
+		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			var seen bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM processed_events WHERE event_id = $1)`, ev.ID).Scan(&seen); err != nil || seen {
+				return err
+			}
+			return s.handle(ctx, tx, ev)
+		}
+	}, "reference/duplicate-in-sequence", "not 1", nil},
+	{"raw-commit", func(s *testService) conformance.Handler {
+		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			if err := s.handle(ctx, tx, ev); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "COMMIT")
+			return err
+		}
+	}, "writes-only-on-its-transaction", "the tx it is given", nil},
+	{"set-based-skips-poison", nil, "set-based/permanent-error-to-dlq", "swallowed the decode error", func(s *testService) conformance.BatchHandler {
+		// Leaves out the events it cannot decode: they are acked, never
+		// dead-lettered.
+		correct := s.setBased(batchForm{})
+		return func(ctx context.Context, tx pgx.Tx, evs []event.Envelope, writes *conformance.Pipeline) error {
+			return correct(ctx, tx, slices.DeleteFunc(slices.Clone(evs), func(ev event.Envelope) bool {
+				return ev.Decode(&event.OrderPlacedV1{}) != nil
+			}), writes)
+		}
+	}},
 }
 
 // brokenEnv, set in TestBrokenHandlersFailTheKit's child process, makes
