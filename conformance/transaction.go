@@ -78,7 +78,7 @@ func (s *subject) requireWritesOnTx(t *testing.T, who string, run func(ctx conte
 		t.Fatalf("conformance: rollback: %v", err)
 	}
 	requireSameTables(t, before, snapshot(t, s.db), "after "+who+"'s transaction was rolled back: "+
-		"it wrote through a connection of its own (the pool, a second pool), not the tx it is given; such a write outlives a rollback, and happens again at every redelivery")
+		"it wrote through a connection of its own (the pool, a second pool), not through the tx it is given; such a write outlives a rollback, and happens again at every redelivery")
 }
 
 // snapshot returns every row of every table q sees (testenv.Tables).
