@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"regexp"
@@ -16,15 +17,31 @@ import (
 
 	"github.com/onceflow/onceflow/conformance"
 	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/streams"
 )
 
-// A broken handler, the property of the kit it breaks, and words of the
+// A broken handler (or set-based handler: the other one is then the
+// correct one), the property of the kit it breaks, and words of the
 // failure's advice on what to fix.
 type breakage struct {
 	name     string
 	handler  func(s *testService) conformance.Handler
 	property string
 	advice   string
+	batch    func(s *testService) conformance.BatchHandler
+}
+
+// all is every broken handler: the ones the kit always caught and the
+// ones it let pass (blindSpots).
+func all() []breakage { return slices.Concat(breakages, blindSpots) }
+
+// service is the test service with b's handlers.
+func (b breakage) service(t *testing.T) conformance.Service {
+	handler := b.handler
+	if handler == nil {
+		handler = func(s *testService) conformance.Handler { return s.handle }
+	}
+	return service(t, handler, b.batch)
 }
 
 var breakages = []breakage{
@@ -38,7 +55,7 @@ var breakages = []breakage{
 			_, err := s.pool.Exec(ctx, `INSERT INTO effects (order_id, event_id) VALUES ($1, $2)`, p.OrderID, ev.ID)
 			return err
 		}
-	}, "writes-only-on-its-transaction", "through the tx it is given"},
+	}, "writes-only-on-its-transaction", "through the tx it is given", nil},
 	{"direct-publish", func(s *testService) conformance.Handler {
 		// Its event published to JetStream at once, not written to the outbox.
 		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
@@ -60,7 +77,7 @@ var breakages = []breakage{
 			_, err = s.js.PublishMsg(ctx, msg)
 			return err
 		}
-	}, "emits-through-the-outbox", "outbox.Enqueue"},
+	}, "emits-through-the-outbox", "outbox.Enqueue", nil},
 	{"commits-itself", func(s *testService) conformance.Handler {
 		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 			if err := s.handle(ctx, tx, ev); err != nil {
@@ -68,7 +85,7 @@ var breakages = []breakage{
 			}
 			return tx.Commit(ctx)
 		}
-	}, "writes-only-on-its-transaction", "never commit or roll back tx"},
+	}, "writes-only-on-its-transaction", "never commit or roll back tx", nil},
 	{"in-memory-state", func(s *testService) conformance.Handler {
 		// Deduplicates by itself, in memory: a rolled-back run is
 		// remembered as done.
@@ -78,7 +95,7 @@ var breakages = []breakage{
 			}
 			return s.handle(ctx, tx, ev)
 		}
-	}, "error-retried-with-backoff", "no state outside the tx it is given"},
+	}, "error-retried-with-backoff", "no state outside the tx it is given", nil},
 	{"swallows-decode-error", func(s *testService) conformance.Handler {
 		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 			var p event.OrderPlacedV1
@@ -87,7 +104,49 @@ var breakages = []breakage{
 			}
 			return s.handle(ctx, tx, ev)
 		}
-	}, "permanent-error-to-dlq", "swallowed the decode error"},
+	}, "permanent-error-to-dlq", "swallowed the decode error", nil},
+	{"second-pool", func(s *testService) conformance.Handler {
+		// Its effect through a connection of its own, as a second pool's.
+		return decoded(func(ctx context.Context, tx pgx.Tx, ev event.Envelope, p event.OrderPlacedV1) error {
+			conn, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())
+			if err != nil {
+				return err
+			}
+			defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+			_, err = conn.Exec(ctx, `INSERT INTO effects (order_id, event_id) VALUES ($1, $2)`, p.OrderID, ev.ID)
+			return err
+		})
+	}, "writes-only-on-its-transaction", "through the tx it is given", nil},
+	{"skips-processed-events", func(s *testService) conformance.Handler {
+		// Deduplicates by itself, on the inbox's table: the inbox claimed
+		// the event before the handler runs, so it skips every event.
+		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			var seen bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM processed_events WHERE event_id = $1)`, ev.ID).Scan(&seen); err != nil || seen {
+				return err
+			}
+			return s.handle(ctx, tx, ev)
+		}
+	}, "reference/duplicate-in-sequence", "not 1", nil},
+	{"raw-commit", func(s *testService) conformance.Handler {
+		return func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			if err := s.handle(ctx, tx, ev); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "COMMIT")
+			return err
+		}
+	}, "writes-only-on-its-transaction", "the tx it is given", nil},
+	{"set-based-skips-poison", nil, "set-based/permanent-error-to-dlq", "swallowed the decode error", func(s *testService) conformance.BatchHandler {
+		// Leaves out the events it cannot decode: they are acked, never
+		// dead-lettered.
+		correct := s.setBased(batchForm{})
+		return func(ctx context.Context, tx pgx.Tx, evs []event.Envelope, writes *conformance.Pipeline) error {
+			return correct(ctx, tx, slices.DeleteFunc(slices.Clone(evs), func(ev event.Envelope) bool {
+				return ev.Decode(&event.OrderPlacedV1{}) != nil
+			}), writes)
+		}
+	}},
 }
 
 // brokenEnv, set in TestBrokenHandlersFailTheKit's child process, makes
@@ -101,23 +160,24 @@ func TestBrokenHandlerProcess(t *testing.T) {
 	if os.Getenv(brokenEnv) != "1" {
 		return
 	}
-	for _, b := range breakages {
+	for _, b := range all() {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
-			conformance.Run(t, service(t, b.handler))
+			conformance.Run(t, b.service(t))
 		})
 	}
 }
 
 // TestBrokenHandlersFailTheKit runs the kit against handlers broken in the
-// ways a copier breaks them, in a child process (the kit fails the tests
-// it runs in): each fails the property it breaks, by name, with a message
-// that says what to fix.
+// ways a copier breaks them, each in a child process (the kit fails the
+// tests it runs in) that runs only the property it breaks: each fails that
+// property, by name, with a message that says what to fix.
 func TestBrokenHandlersFailTheKit(t *testing.T) {
 	t.Parallel()
-	failed, output := runChild(t)
-	for _, b := range breakages {
+	for _, b := range all() {
 		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			failed, output := runChild(t, b.pattern())
 			var names []string
 			for name := range failed {
 				if rest, ok := strings.CutPrefix(name, "TestBrokenHandlerProcess/"+b.name+"/"); ok {
@@ -139,18 +199,31 @@ func TestBrokenHandlersFailTheKit(t *testing.T) {
 	}
 }
 
-// runChild runs TestBrokenHandlerProcess in a child process and returns
-// the tests that failed and each test's output.
-func runChild(t *testing.T) (failed map[string]bool, output map[string]string) {
+// pattern is the -test.run pattern of b's child process: b's property
+// (mode/property, or property in any mode), on every subscription.
+func (b breakage) pattern() string {
+	mode, property, ok := strings.Cut(b.property, "/")
+	if !ok {
+		// A handler property is a subtest of the subscription; a mode
+		// property is one of each mode's.
+		mode, property = b.property+"|reference|batched|set-based", b.property
+	}
+	return fmt.Sprintf("^TestBrokenHandlerProcess$/^%s$/./^(%s)$/^%s$", regexp.QuoteMeta(b.name), mode, property)
+}
+
+// runChild runs the tests of TestBrokenHandlerProcess that pattern names
+// in a child process and returns the tests that failed and each test's
+// output.
+func runChild(t *testing.T, pattern string) (failed map[string]bool, output map[string]string) {
 	t.Helper()
 	cmd := exec.CommandContext(t.Context(), "go", "tool", "test2json", os.Args[0],
-		"-test.v=test2json", "-test.run=^TestBrokenHandlerProcess$", "-test.parallel=4", "-test.count=1", "-test.timeout=5m")
+		"-test.v=test2json", "-test.run="+pattern, "-test.parallel=4", "-test.count=1", "-test.timeout=5m")
 	cmd.Env = append(os.Environ(), brokenEnv+"=1")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err == nil {
-		t.Fatalf("the kit passed every broken handler:\n%s", out)
+		t.Fatalf("the kit passed the broken handler (%s):\n%s", pattern, out)
 	}
 	failed, output = map[string]bool{}, map[string]string{}
 	sc := bufio.NewScanner(bytes.NewReader(out))
@@ -171,4 +244,50 @@ func runChild(t *testing.T) (failed map[string]bool, output map[string]string) {
 		t.Fatalf("the child process failed without a failed test (%v):\n%s", err, stderr.String())
 	}
 	return failed, output
+}
+
+// TestUntestedSubscriptionProcess is the child process of
+// TestUntestedSubscriptionsFailTheKit: services that leave a durable of
+// theirs, or an event type a durable consumes, without a Subscription.
+func TestUntestedSubscriptionProcess(t *testing.T) {
+	if os.Getenv(brokenEnv) != "1" {
+		return
+	}
+	correct := func(s *testService) conformance.Handler { return s.handle }
+	t.Run("missing-durable", func(t *testing.T) {
+		svc := service(t, correct, nil)
+		svc.Name = "payment" // whose durables are payment-orders, payment-inventory and payment-expiries
+		conformance.Run(t, svc)
+	})
+	t.Run("missing-type", func(t *testing.T) {
+		svc := service(t, correct, nil)
+		newSubs := svc.New
+		svc.New = func(env conformance.Env) []conformance.Subscription {
+			subs := newSubs(env)
+			subs[0].Stream, subs[0].Durable = streams.Orders, streams.NotifyOrders // which consumes five types
+			return subs
+		}
+		conformance.Run(t, svc)
+	})
+}
+
+// TestUntestedSubscriptionsFailTheKit checks that the kit fails a service
+// whose test leaves out a durable of the service's (as its wiring runs
+// them), or an event type a durable consumes, before any property runs.
+func TestUntestedSubscriptionsFailTheKit(t *testing.T) {
+	t.Parallel()
+	// No property runs: the check comes first.
+	failed, output := runChild(t, "^TestUntestedSubscriptionProcess$/./^none$")
+	for name, want := range map[string]string{
+		"missing-durable": "the service's durable payment-inventory (internal/streams) has no Subscription",
+		"missing-type":    "durable notify-orders consumes orders.confirmed.v1, but no Subscription of it makes such an event",
+	} {
+		test := "TestUntestedSubscriptionProcess/" + name
+		if !failed[test] {
+			t.Errorf("the kit passed a service whose test has a %s", name)
+		}
+		if !strings.Contains(output[test], want) {
+			t.Errorf("the failure of a %s does not say %q:\n%s", name, want, output[test])
+		}
+	}
 }

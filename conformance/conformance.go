@@ -30,9 +30,13 @@ type Handler = func(ctx context.Context, tx pgx.Tx, ev Event) error
 
 // BatchHandler is the inbox's set-based handler (inbox.BatchHandler): it
 // applies the effects of a batch's new events at once, and queues its
-// writes on writes. Only a service inside this module can write one, as
-// the pipeline's type is internal.
-type BatchHandler = func(ctx context.Context, tx pgx.Tx, evs []Event, writes *postgres.Pipeline) error
+// writes on writes.
+type BatchHandler = func(ctx context.Context, tx pgx.Tx, evs []Event, writes *Pipeline) error
+
+// Pipeline is the explicit write pipeline a BatchHandler queues its writes
+// on (a sqlc DBTX whose :exec statements run with the COMMIT). It is an
+// alias, so that a service in another module can write a BatchHandler.
+type Pipeline = postgres.Pipeline
 
 // ErrInvalid is wrapped by the error of Event.Decode: an event whose
 // payload is malformed. A handler that returns it (or wraps it) has the
@@ -92,7 +96,19 @@ type Subscription struct {
 	// NewEvent returns a new event (a fresh id) that the handler applies
 	// with an effect Effect can see. It may prepare the database for it
 	// (e.g. credit the wallet an order will debit), through env.Pool.
+	// Every event type the durable consumes must be made: by a
+	// Subscription of its own (notify's test), or by a NewEvent that makes
+	// the durable's types in turn, one per call (order's test); the kit
+	// fails a durable of the service that has no Subscription, and a type
+	// no NewEvent makes.
 	NewEvent func(t testing.TB, env Env) Event
+	// NewEvents, when set, returns n new events that share the entities
+	// they touch (one customer's wallet, one SKU), the database prepared
+	// for all of them: the kit batches them and runs them concurrently,
+	// where a set-based handler that keeps one change per entity, or a
+	// read that does not lock what it updates, loses one. Without it the
+	// kit makes those events with NewEvent, and they share nothing.
+	NewEvents func(t testing.TB, env Env, n int) []Event
 	// Effect counts how many times ev's effect is in the database: 0
 	// before it was processed, 1 after. Count builds one from a query.
 	Effect func(ctx context.Context, db *pgxpool.Pool, ev Event) (int, error)
@@ -135,6 +151,7 @@ func Run(t *testing.T, svc Service) {
 	// The subscriptions' names and modes, from a service built once on a
 	// database of its own.
 	probe := newWorld(t, svc)
+	probe.requireEverySubscription(t, svc.Name)
 	for i, sub := range probe.subs {
 		t.Run(sub.Durable, func(t *testing.T) {
 			t.Parallel()

@@ -52,13 +52,16 @@
 //   - writes-only-on-its-transaction: the handler, run in a transaction
 //     that is rolled back, changed the database in it, left it open (it
 //     never commits or rolls back itself), took no connection of its own
-//     from the pool, and the rollback left every table as it was. A write
+//     from the pool, and the rollback left every table as it was; so did
+//     the set-based handler, on events that share their entities. A write
 //     elsewhere outlives a rollback and happens again at each redelivery.
 //   - emits-through-the-outbox: nothing is published while the handler
-//     runs, whether its transaction rolls back or commits; the relay
-//     publishes each outbox row once, with the event id as its
-//     Nats-Msg-Id and its stream's owner as its ce-source; a re-drive
-//     publishes nothing new. A direct publish cannot be undone by a rollback.
+//     (or the set-based handler) runs, whether its transaction rolls back
+//     or commits, on any stream or key-value bucket of the server; each
+//     outbox row has an event id of its own; the relay publishes each row
+//     once, with the event id as its Nats-Msg-Id and its stream's owner as
+//     its ce-source; a re-drive publishes nothing new. A direct publish
+//     cannot be undone by a rollback.
 //   - replay: an event dead-lettered after failing at every delivery,
 //     replayed from the DLQ as an operator would, is processed once; a
 //     replay of a processed event is a duplicate that changes nothing.
@@ -90,20 +93,48 @@
 //   - panic-to-dlq: an event whose handler panics at every delivery, in a
 //     batch between two good ones, is retried, then dead-lettered with the
 //     panic as its reason; the consumer and the batch-mates carry on.
+//   - batch-of-events-sharing-entities: several good events that share
+//     their entities (NewEvents: one customer, one SKU), delivered in one
+//     batch, commit with each event's effect once.
+//   - concurrent-events-on-one-entity: the same events run at once on two
+//     replicas of two workers each, each handler held after its first
+//     statement until the others ran theirs: a read that does not lock
+//     the row it then updates loses an update.
+//   - statement-error-retried: one statement of each event's handler (the
+//     first of the first event, the second of the second, …; savepoints
+//     included) fails once inside its transaction with a serialization
+//     failure: the event is retried, not dead-lettered, and applied once.
+//
+// After error-retried-with-backoff and the last three, the tables are
+// compared, row by row and not by id, with one clean run of the same
+// events (the Handler on each in order, in a transaction the kit rolls
+// back, twice: the columns both runs wrote alike are compared, not a
+// now() or a random id): the outbox rows and every table the handler
+// writes must be what one clean run leaves, however the events were
+// batched, retried or raced. Two clean runs that leave different rows
+// fail at once: the handler keeps state outside its transaction.
 //
 // A failure says what to fix. The kit's own tests keep handlers broken in
 // those ways beside it (broken_test.go), each failing its property.
 //
-// The API uses public types only: Event and Handler are aliases of the
-// inbox's (event.Envelope, and the handler's func type), so a service of
-// this module passes its handlers as they are and a service in another
-// module can name, build and read them; pgx and jetstream are public.
-// BatchHandler alone names an internal type (the write pipeline), so only
-// services of this module can have their set-based handlers tested.
+// The API uses public types only: Event, Handler, BatchHandler and
+// Pipeline are aliases of the inbox's (event.Envelope, the handlers' func
+// types, the write pipeline), so a service of this module passes its
+// handlers as they are and a service in another module can name, build
+// and read them, set-based handlers included; pgx and jetstream are
+// public.
 //
 // Limits: the kit runs the handlers on this module's inbox and outbox, on
 // the saga's streams (internal/streams); an event is one of the saga's
-// types. A handler that writes through a pool of its own, not the one in
-// Env, is seen only by what it writes; one that publishes on a subject no
-// stream holds is not seen.
+// types. It is a black box: it sees the service's database and the NATS
+// server, nothing else. A handler that writes through a pool of its own,
+// not the one in Env, is seen only by what it writes; one that publishes
+// on a subject no stream holds is not seen; an HTTP call, an e-mail or a
+// file written by the handler is invisible to it, and each happens again
+// at every retry and redelivery. Such an effect belongs behind an outbox
+// of the service's own, as notify's mailer does: the handler writes a row
+// (one per event, in its transaction, which the kit does check), and a
+// sender after the commit performs it at least once, with a key derived
+// from the event id (notify's Message-ID) so that the receiver can
+// recognise a resend.
 package conformance

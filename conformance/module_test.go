@@ -11,8 +11,8 @@ import (
 // TestAnotherModuleUsesTheKit builds, in a temporary directory, a module
 // of its own (example.com/shop, testdata/othermodule) that requires
 // onceflow through a replace directive and runs the kit against its
-// handler, written with the kit's public types only: its test passes, each
-// property by name.
+// handlers (a set-based one too), written with the kit's public types
+// only: its test passes, each property by name.
 func TestAnotherModuleUsesTheKit(t *testing.T) {
 	t.Parallel()
 	root, err := filepath.Abs("..")
@@ -60,6 +60,7 @@ func TestAnotherModuleUsesTheKit(t *testing.T) {
 		"--- PASS: TestConformance/shop-orders/accepts-events-only-from-their-owner",
 		"--- PASS: TestConformance/shop-orders/reference/duplicate-concurrent",
 		"--- PASS: TestConformance/shop-orders/batched/permanent-error-to-dlq",
+		"--- PASS: TestConformance/shop-orders/set-based/batch-of-events-sharing-entities",
 	} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("the outside module's test did not report %q:\n%s", want, out)

@@ -1,10 +1,12 @@
 package conformance
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/onceflow/onceflow/internal/dlq"
@@ -15,25 +17,16 @@ import (
 
 // emitsThroughTheOutbox checks what the handler emits: nothing is
 // published while it runs (neither in a transaction that is then rolled
-// back nor in one that commits); what it wrote to the outbox is published
-// by the relay once, each event with its id as its Nats-Msg-Id and from
-// its stream's owner; and a re-drive of the outbox publishes nothing new,
-// as the broker recognises the ids.
+// back nor in one that commits), on any stream or key-value bucket of the
+// server; each event it writes to the outbox has an id of its own; the
+// relay publishes each outbox row once, each event with its id as its
+// Nats-Msg-Id and from its stream's owner; and a re-drive of the outbox
+// publishes nothing new, as the broker recognises the ids.
 func emitsThroughTheOutbox(t *testing.T, s *subject) {
 	ctx := t.Context()
-	inputs := map[string]bool{}
-	rolledBack := s.newEvent(t)
-	inputs[rolledBack.ID.String()] = true
-	tx, err := s.env.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatalf("conformance: begin: %v", err)
-	}
-	herr := s.sub.Handler(ctx, tx, rolledBack)
-	_ = tx.Rollback(ctx)
-	if herr != nil {
-		t.Fatalf("the handler failed on a new event: %v", herr)
-	}
-	requireNothingPublished(t, s.emitted(t, inputs), "by a handler whose transaction was then rolled back")
+	inputs, marks := map[string]bool{}, s.streamMarks(t)
+	s.runRolledBack(t, inputs)
+	requireNothingPublished(t, s.emitted(t, inputs, marks), "by a handler whose transaction was then rolled back")
 
 	ev := s.newEvent(t)
 	inputs[ev.ID.String()] = true
@@ -41,14 +34,14 @@ func emitsThroughTheOutbox(t *testing.T, s *subject) {
 	s.publish(t, ev, "")
 	s.settled(t)
 	s.requireOneEffect(t, ev, "after one delivery")
-	requireNothingPublished(t, s.emitted(t, inputs), "before the outbox relay ran")
+	requireNothingPublished(t, s.emitted(t, inputs, marks), "before the outbox relay ran")
 
 	rows := s.outboxRows(t)
 	relay := outbox.NewRelay(s.env.Pool, s.env.JS, outbox.RelayConfig{}, s.logger)
 	if _, err := relay.Flush(ctx); err != nil {
 		t.Fatalf("conformance: the outbox relay: %v", err)
 	}
-	published := s.emitted(t, inputs)
+	published := s.emitted(t, inputs, marks)
 	s.requirePublishedOnce(t, rows, published)
 
 	if _, err := outbox.Redrive(ctx, s.env.Pool, time.Time{}); err != nil {
@@ -57,9 +50,47 @@ func emitsThroughTheOutbox(t *testing.T, s *subject) {
 	if _, err := relay.Flush(ctx); err != nil {
 		t.Fatalf("conformance: the outbox relay: %v", err)
 	}
-	if again := s.emitted(t, inputs); len(again) != len(published) {
+	if again := s.emitted(t, inputs, marks); len(again) != len(published) {
 		t.Errorf("a re-drive of the outbox published %d events again: an event's Nats-Msg-Id must be its id, stable, so that the broker drops a second publish",
 			len(again)-len(published))
+	}
+}
+
+// runRolledBack runs the Handler on a new event, and the BatchHandler on
+// new events that share their entities, each in a transaction that it
+// then rolls back, and adds the events to inputs.
+func (s *subject) runRolledBack(t *testing.T, inputs map[string]bool) {
+	t.Helper()
+	ctx := t.Context()
+	ev := s.newEvent(t)
+	inputs[ev.ID.String()] = true
+	tx, err := s.env.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatalf("conformance: begin: %v", err)
+	}
+	herr := s.sub.Handler(ctx, tx, ev)
+	_ = tx.Rollback(ctx)
+	if herr != nil {
+		t.Fatalf("the handler failed on a new event: %v", herr)
+	}
+	if s.sub.BatchHandler == nil {
+		return
+	}
+	evs := s.newEvents(t, relatedEvents)
+	for _, ev := range evs {
+		inputs[ev.ID.String()] = true
+	}
+	tx, err = s.env.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatalf("conformance: begin: %v", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var writes Pipeline
+	if err := s.sub.BatchHandler(ctx, tx, evs, &writes); err != nil {
+		t.Fatalf("the set-based handler failed on new events: %v", err)
+	}
+	if err := writes.Send(ctx, tx); err != nil {
+		t.Fatalf("the set-based handler's queued writes failed on new events: %v", err)
 	}
 }
 
@@ -73,7 +104,7 @@ func requireNothingPublished(t *testing.T, msgs []*jetstream.RawStreamMsg, when 
 	for _, m := range msgs {
 		what = append(what, m.Header.Get(event.HeaderType)+" on "+m.Subject)
 	}
-	t.Fatalf("%s was published %s: the handler published directly instead of through the outbox. "+
+	t.Fatalf("%s was published %s: the handler published directly instead of through the outbox (a key-value put is a publish too, on its bucket's stream). "+
 		"Write the event with outbox.Enqueue on the tx it is given; the relay publishes it after the commit, never before, and never if the transaction rolls back",
 		strings.Join(what, ", "), when)
 }
@@ -83,23 +114,30 @@ type outboxRow struct {
 	eventID, natsSubject, source string
 }
 
+// outboxRows returns the unsent rows of the outbox by event id, and fails
+// the test if two rows share an id: the broker would drop the second.
 func (s *subject) outboxRows(t *testing.T) map[string]outboxRow {
 	t.Helper()
 	rows, err := s.db.Query(t.Context(), `SELECT event_id::text, nats_subject, source FROM outbox_unsent`)
 	if err != nil {
 		t.Fatalf("conformance: read the outbox: %v", err)
 	}
-	defer rows.Close()
-	out := map[string]outboxRow{}
-	for rows.Next() {
+	all, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (outboxRow, error) {
 		var r outboxRow
-		if err := rows.Scan(&r.eventID, &r.natsSubject, &r.source); err != nil {
-			t.Fatalf("conformance: read the outbox: %v", err)
+		err := row.Scan(&r.eventID, &r.natsSubject, &r.source)
+		return r, err
+	})
+	if err != nil {
+		t.Fatalf("conformance: read the outbox: %v", err)
+	}
+	out := map[string]outboxRow{}
+	for _, r := range all {
+		if _, ok := out[r.eventID]; ok {
+			t.Fatalf("two outbox rows (on %s and %s) carry the same event id %s: the broker drops the second as a duplicate, and each consumer's inbox would too. "+
+				"Make each event with event.New or Caused, which give it an id of its own; a copy of an envelope keeps the id of the original",
+				out[r.eventID].natsSubject, r.natsSubject, r.eventID)
 		}
 		out[r.eventID] = r
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatalf("conformance: read the outbox: %v", err)
 	}
 	return out
 }
@@ -109,7 +147,8 @@ func (s *subject) outboxRows(t *testing.T) map[string]outboxRow {
 func (s *subject) requirePublishedOnce(t *testing.T, rows map[string]outboxRow, published []*jetstream.RawStreamMsg) {
 	t.Helper()
 	if len(published) != len(rows) {
-		t.Fatalf("the relay published %d events for %d outbox rows", len(published), len(rows))
+		t.Fatalf("%d messages were published on the server for %d outbox rows: the handler emits only through the outbox (a key-value put or a publish of its own is a write outside its transaction)",
+			len(published), len(rows))
 	}
 	for _, m := range published {
 		id := m.Header.Get(event.HeaderID)

@@ -26,6 +26,9 @@ var modeProperties = []property{
 	{"permanent-error-to-dlq", permanentErrorToDLQ},
 	{"batch-mates-keep-their-effect", batchMatesKeepTheirEffect},
 	{"panic-to-dlq", panicToDLQ},
+	{"batch-of-events-sharing-entities", batchOfRelatedEvents},
+	{"concurrent-events-on-one-entity", concurrentOnOneEntity},
+	{"statement-error-retried", statementErrorRetried},
 }
 
 // duplicateInSequence delivers an event, then twice more under fresh
@@ -104,8 +107,9 @@ var errInjected = errors.New("conformance: injected failure after the handler ra
 func errorRetried(t *testing.T, s *subject) {
 	ev := s.newEvent(t)
 	s.requireNoEffectYet(t, ev)
+	c := s.cleanRun(t, []Event{ev})
 	f := &failing{target: ev, left: 2}
-	c := s.start(t, f.hooks(s))
+	consumer := s.start(t, f.hooks(s))
 	s.publish(t, ev, "")
 	s.settled(t)
 	if dl := s.deadLetterOf(t, ev); dl != nil {
@@ -126,9 +130,10 @@ func errorRetried(t *testing.T, s *subject) {
 			t.Errorf("the second retry came %s after the failure; the inbox waits %s (twice the first wait)", gap, 2*nakDelay)
 		}
 	}
-	if c.Stats().Retried < 1 {
+	if consumer.Stats().Retried < 1 {
 		t.Errorf("the failed event was not naked for a retry")
 	}
+	s.requireClean(t, c, "after two attempts that rolled back and a third that committed (the handler must keep no state outside the tx it is given: not in memory, not in another connection)")
 }
 
 // permanentErrorToDLQ delivers an event whose payload does not decode: the

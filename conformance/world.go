@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -111,6 +112,38 @@ func (w *world) addConsumer(service string, sub Subscription) error {
 	return nil
 }
 
+// requireEverySubscription fails the test unless w's subscriptions test
+// every durable the saga's topology gives the service, and every event
+// type each durable consumes: a Subscription per type, or one whose
+// NewEvent makes the durable's types in turn (a call each).
+func (w *world) requireEverySubscription(t *testing.T, service string) {
+	t.Helper()
+	made := map[string]bool{} // durable and subject
+	for i := range w.subs {
+		s := w.subject(t, i)
+		// Calls enough for a NewEvent that makes the durable's types in
+		// turn.
+		c, _ := w.topology.Consumer(s.sub.Durable)
+		for range max(1, len(c.FilterSubjects)) {
+			made[s.sub.Durable+" "+mustSubject(t, s.newEvent(t))] = true
+		}
+	}
+	for _, c := range w.topology.Consumers {
+		i := slices.IndexFunc(w.subs, func(sub Subscription) bool { return sub.Durable == c.Durable })
+		if i < 0 {
+			if c.Service == service {
+				t.Errorf("the service's durable %s (internal/streams) has no Subscription: each subscription its wiring runs must be tested", c.Durable)
+			}
+			continue
+		}
+		for _, subj := range c.FilterSubjects {
+			if !strings.HasSuffix(subj, ">") && !made[c.Durable+" "+subj] {
+				t.Errorf("durable %s consumes %s, but no Subscription of it makes such an event: give each event type a durable consumes a Subscription of its own, whose NewEvent makes that type", c.Durable, subj)
+			}
+		}
+	}
+}
+
 // subject is one subscription of a world under test, in a mode.
 type subject struct {
 	*world
@@ -135,6 +168,7 @@ type hooks struct {
 	batchHandler BatchHandler
 	afterCommit  func(Event)
 	workers      int
+	batchSize    int
 	js           jetstream.JetStream
 }
 
@@ -150,7 +184,7 @@ func (s *subject) start(t *testing.T, h hooks) *consumer {
 	t.Helper()
 	cfg := inbox.Config{
 		Stream: s.sub.Stream, Durable: s.sub.Durable,
-		Batched: s.mode.batched, Workers: h.workers,
+		Batched: s.mode.batched, Workers: h.workers, BatchSize: h.batchSize,
 		NakDelay: nakDelay, Topology: &s.topology,
 	}
 	if h.afterCommit != nil {
@@ -326,23 +360,24 @@ func (s *subject) deadLetterOf(t *testing.T, ev Event) *jetstream.RawStreamMsg {
 	return s.deadLetters(t)[i]
 }
 
-// emitted returns every message in the saga's event streams but those of
-// the consumed stream's events the kit published.
-func (s *subject) emitted(t *testing.T, inputs map[string]bool) []*jetstream.RawStreamMsg {
+// emitted returns every message on the server, in every stream (the
+// saga's, the DLQ, a key-value bucket's, one the service made), but those
+// of the events the kit published (inputs) and those in a stream before
+// since's mark of it.
+func (s *subject) emitted(t *testing.T, inputs map[string]bool, since map[string]uint64) []*jetstream.RawStreamMsg {
 	t.Helper()
 	ctx := t.Context()
 	var out []*jetstream.RawStreamMsg
-	for _, def := range s.topology.Streams {
-		st, err := s.env.JS.Stream(ctx, def.Name)
+	for name, last := range s.streamMarks(t) {
+		st, err := s.env.JS.Stream(ctx, name)
 		if err != nil {
 			t.Fatalf("conformance: %v", err)
 		}
-		info, err := st.Info(ctx)
-		if err != nil {
-			t.Fatalf("conformance: %v", err)
-		}
-		for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		for seq := since[name] + 1; seq <= last; seq++ {
 			msg, err := st.GetMsg(ctx, seq)
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				continue // deleted, or a key-value entry replaced since
+			}
 			if err != nil {
 				t.Fatalf("conformance: %v", err)
 			}
@@ -352,6 +387,20 @@ func (s *subject) emitted(t *testing.T, inputs map[string]bool) []*jetstream.Raw
 		}
 	}
 	return out
+}
+
+// streamMarks returns the last sequence of every stream on the server.
+func (s *subject) streamMarks(t *testing.T) map[string]uint64 {
+	t.Helper()
+	marks := map[string]uint64{}
+	list := s.env.JS.ListStreams(t.Context())
+	for info := range list.Info() {
+		marks[info.Config.Name] = info.State.LastSeq
+	}
+	if err := list.Err(); err != nil {
+		t.Fatalf("conformance: list the streams: %v", err)
+	}
+	return marks
 }
 
 // conn is a NATS connection of its own, closed at the end of the test.

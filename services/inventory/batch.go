@@ -58,7 +58,7 @@ func (s *Service) HandlePaymentDebitedBatch(ctx context.Context, tx pgx.Tx, evs 
 	var (
 		reservations []dbsqlc.InsertReservationParams
 		lines        dbsqlc.InsertReservationLinesOfOrdersParams
-		taken        = make(map[string]int64)
+		taken        = make(map[string]take)
 		emitted      []event.Envelope
 	)
 	for i, p := range debited {
@@ -83,7 +83,7 @@ func (s *Service) HandlePaymentDebitedBatch(ctx context.Context, tx pgx.Tx, evs 
 			reservations = append(reservations, dbsqlc.InsertReservationParams{OrderID: p.OrderID, Status: StatusReserved})
 			for j, sku := range skus {
 				available[sku] -= quantities[j]
-				taken[sku] += quantities[j]
+				taken[sku] = take{quantity: taken[sku].quantity + quantities[j], writes: taken[sku].writes + 1}
 				lines.OrderIds = append(lines.OrderIds, p.OrderID)
 				lines.Skus = append(lines.Skus, sku)
 				lines.Quantities = append(lines.Quantities, quantities[j])
@@ -130,15 +130,19 @@ func decodeDebited(evs []event.Envelope) ([]event.PaymentDebitedV1, []string, er
 	return debited, slices.Sorted(maps.Keys(allSKUs)), nil
 }
 
+// take is what a batch's reservations take from one SKU: the sum of their
+// quantities, and how many of them there are.
+type take struct{ quantity, writes int64 }
+
 // decrementStock queues the net decrement of each SKU, in SKU order.
-func (s *Service) decrementStock(ctx context.Context, writes *postgres.Pipeline, taken map[string]int64) error {
+func (s *Service) decrementStock(ctx context.Context, writes *postgres.Pipeline, taken map[string]take) error {
 	if len(taken) == 0 {
 		return nil
 	}
 	arg := dbsqlc.DecrementStockParams{Skus: slices.Sorted(maps.Keys(taken))}
-	arg.Quantities = make([]int64, len(arg.Skus))
+	arg.Quantities, arg.Writes = make([]int64, len(arg.Skus)), make([]int64, len(arg.Skus))
 	for i, sku := range arg.Skus {
-		arg.Quantities[i] = taken[sku]
+		arg.Quantities[i], arg.Writes[i] = taken[sku].quantity, taken[sku].writes
 	}
 	// The rows are locked and were checked: stock that does not cover its
 	// decrement cannot happen unless the locking is broken, and then the

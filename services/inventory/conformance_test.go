@@ -27,25 +27,29 @@ func TestConformance(t *testing.T) {
 		Migrations: migrations,
 		New: func(env conformance.Env) []conformance.Subscription {
 			s := inventory.New(env.Pool)
-			// debited is a PaymentDebited of a new order of a product with
-			// just enough in stock.
-			debited := func(t testing.TB, env conformance.Env) conformance.Event {
+			// debitedN is the PaymentDebited of n new orders of one new
+			// product with just enough in stock for them all.
+			debitedN := func(t testing.TB, env conformance.Env, n int) []conformance.Event {
 				sku := "sku-" + uuid.NewString()
-				_, err := env.Pool.Exec(t.Context(), `INSERT INTO stock (sku, available) VALUES ($1, 2)`, sku)
+				_, err := env.Pool.Exec(t.Context(), `INSERT INTO stock (sku, available) VALUES ($1, $2)`, sku, 2*n)
 				require.NoError(t, err)
-				orderID := uuid.Must(uuid.NewV7())
-				ev, err := event.New("payment", event.PaymentDebited, orderID.String(), event.PaymentDebitedV1{
-					Order:       event.Order{OrderID: orderID, CustomerID: "alice"},
-					Lines:       event.Lines{{SKU: sku, Quantity: 2, UnitPriceCents: 125}},
-					AmountCents: 250,
-				})
-				require.NoError(t, err)
-				return ev
+				evs := make([]conformance.Event, n)
+				for i := range evs {
+					orderID := uuid.Must(uuid.NewV7())
+					evs[i], err = event.New("payment", event.PaymentDebited, orderID.String(), event.PaymentDebitedV1{
+						Order:       event.Order{OrderID: orderID, CustomerID: "alice"},
+						Lines:       event.Lines{{SKU: sku, Quantity: 2, UnitPriceCents: 125}},
+						AmountCents: 250,
+					})
+					require.NoError(t, err)
+				}
+				return evs
 			}
+			debited := func(t testing.TB, env conformance.Env) conformance.Event { return debitedN(t, env, 1)[0] }
 			return []conformance.Subscription{{
 				Stream: streams.Payments, Durable: streams.InventoryPayments,
 				Handler: s.HandlePaymentDebited, BatchHandler: s.HandlePaymentDebitedBatch,
-				NewEvent: debited,
+				NewEvent: debited, NewEvents: debitedN,
 				Effect: conformance.Count(`SELECT count(*)::int FROM reservations WHERE order_id = $1::uuid`,
 					func(ev conformance.Event) any { return ev.Subject }),
 			}, {

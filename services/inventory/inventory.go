@@ -72,7 +72,8 @@ func (s *Service) HandlePaymentDebited(ctx context.Context, tx pgx.Tx, ev event.
 	// The rows are locked and were checked: stock that does not cover the
 	// order cannot happen unless the locking is broken, and then the
 	// stock's CHECK fails the statement rather than oversell.
-	if err := s.queries.DecrementStock(ctx, tx, dbsqlc.DecrementStockParams{Skus: skus, Quantities: quantities}); err != nil {
+	ones := slices.Repeat([]int64{1}, len(skus))
+	if err := s.queries.DecrementStock(ctx, tx, dbsqlc.DecrementStockParams{Skus: skus, Quantities: quantities, Writes: ones}); err != nil {
 		return fmt.Errorf("decrement stock for order %s: %w", p.OrderID, err)
 	}
 	if err := s.queries.InsertReservationLines(ctx, tx, dbsqlc.InsertReservationLinesParams{OrderID: p.OrderID, Skus: skus, Quantities: quantities}); err != nil {

@@ -1,6 +1,7 @@
 package notify_test
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,12 +16,14 @@ import (
 )
 
 // TestConformance runs the conformance kit against notify's handler, in
-// each mode: an OrderPlaced writes one e-mail to its order's customer, and
+// each mode: each milestone (OrderPlaced, OrderConfirmed, OrderRejected,
+// OrderCancelled, in turn) writes one e-mail to its order's customer, and
 // so does an OrderExpired.
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	migrations, err := db.Migrations(notify.Name)
 	require.NoError(t, err)
+	var made atomic.Int64 // events made, shared by every property's run
 	conformance.Run(t, conformance.Service{
 		Name:       notify.Name,
 		Migrations: migrations,
@@ -32,13 +35,21 @@ func TestConformance(t *testing.T) {
 			return []conformance.Subscription{{
 				Stream: streams.Orders, Durable: streams.NotifyOrders,
 				Handler: s.HandleOrderMilestone, BatchHandler: s.HandleOrderMilestoneBatch,
+				// The milestones in turn, one per call, across all the
+				// kit's runs.
 				NewEvent: func(t testing.TB, _ conformance.Env) conformance.Event {
 					o := newOrder()
-					ev, err := event.New("order", event.OrderPlaced, o.OrderID.String(), event.OrderPlacedV1{
-						Order:      o,
-						Lines:      event.Lines{{SKU: "apple", Quantity: 1, UnitPriceCents: 120}},
-						TotalCents: 120,
-					})
+					milestones := []struct {
+						typ     event.Type
+						payload any
+					}{
+						{event.OrderPlaced, event.OrderPlacedV1{Order: o, Lines: event.Lines{{SKU: "apple", Quantity: 1, UnitPriceCents: 120}}, TotalCents: 120}},
+						{event.OrderConfirmed, event.OrderConfirmedV1{Order: o, TotalCents: 120}},
+						{event.OrderRejected, event.OrderRejectedV1{Order: o, Reason: "payment rejected"}},
+						{event.OrderCancelled, event.OrderCancelledV1{Order: o, Reason: "out of apple"}},
+					}
+					m := milestones[int(made.Add(1))%len(milestones)]
+					ev, err := event.New("order", m.typ, o.OrderID.String(), m.payload)
 					require.NoError(t, err)
 					return ev
 				},

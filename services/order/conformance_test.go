@@ -1,6 +1,7 @@
 package order
 
 import (
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/uuid"
@@ -13,14 +14,17 @@ import (
 )
 
 // TestConformance runs the conformance kit against order's handlers as
-// run.go wires them, in each mode: a PaymentDebited moves a PENDING order
-// to PAID, a StockReserved a PAID one to CONFIRMED, each with one entry on
-// the order's timeline. (An internal test: the subscriptions' handlers are
+// run.go wires them, in each mode, each event type of a durable in turn: a
+// PaymentDebited moves a PENDING order to PAID, a PaymentRejected to
+// REJECTED, a PaymentRefunded a PAID one to CANCELLED, a StockReserved a
+// PAID one to CONFIRMED, and a StockRejected is recorded, each with one
+// entry on the order's timeline. (An internal test: the subscriptions' handlers are
 // the service's dispatchers.)
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	migrations, err := db.Migrations(Name)
 	require.NoError(t, err)
+	var made atomic.Int64 // events made, shared by every property's run
 	conformance.Run(t, conformance.Service{
 		Name:       Name,
 		Migrations: migrations,
@@ -29,11 +33,23 @@ func TestConformance(t *testing.T) {
 			return []conformance.Subscription{{
 				Stream: streams.Payments, Durable: streams.OrderPayments,
 				Handler: s.handlePaymentEvent, BatchHandler: s.batchHandler(paymentTypes),
+				// A debit or a rejection of a PENDING order, or the refund
+				// of a PAID one, in turn across all the kit's runs.
 				NewEvent: func(t testing.TB, env conformance.Env) conformance.Event {
-					o := placedOrder(t, env, StatusPending)
-					ev, err := event.New("payment", event.PaymentDebited, o.Order.OrderID.String(), event.PaymentDebitedV1{
-						Order: o.Order, Lines: o.Lines, AmountCents: o.TotalCents,
-					})
+					n := made.Add(1) % 3
+					status := StatusPending
+					if n == 2 {
+						status = StatusPaid
+					}
+					o := placedOrder(t, env, status)
+					typ, payload := event.PaymentDebited, any(event.PaymentDebitedV1{Order: o.Order, Lines: o.Lines, AmountCents: o.TotalCents})
+					switch n {
+					case 1:
+						typ, payload = event.PaymentRejected, event.PaymentRejectedV1{Order: o.Order, AmountCents: o.TotalCents, Reason: "insufficient funds"}
+					case 2:
+						typ, payload = event.PaymentRefunded, event.PaymentRefundedV1{Order: o.Order, AmountCents: o.TotalCents}
+					}
+					ev, err := event.New("payment", typ, o.Order.OrderID.String(), payload)
 					require.NoError(t, err)
 					return ev
 				},
@@ -41,11 +57,16 @@ func TestConformance(t *testing.T) {
 			}, {
 				Stream: streams.Inventory, Durable: streams.OrderInventory,
 				Handler: s.handleInventoryEvent, BatchHandler: s.batchHandler(inventoryTypes),
+				// A reservation or a refusal of a PAID order's stock, in
+				// turn across all the kit's runs.
 				NewEvent: func(t testing.TB, env conformance.Env) conformance.Event {
 					o := placedOrder(t, env, StatusPaid)
-					ev, err := event.New("inventory", event.StockReserved, o.Order.OrderID.String(), event.StockReservedV1{
-						Order: o.Order, Lines: o.Lines,
-					})
+					var payload any = event.StockReservedV1{Order: o.Order, Lines: o.Lines}
+					typ := event.StockReserved
+					if made.Add(1)%2 == 1 {
+						typ, payload = event.StockRejected, event.StockRejectedV1{Order: o.Order, AmountCents: o.TotalCents, Reason: "out of apple"}
+					}
+					ev, err := event.New("inventory", typ, o.Order.OrderID.String(), payload)
 					require.NoError(t, err)
 					return ev
 				},

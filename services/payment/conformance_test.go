@@ -28,21 +28,25 @@ func TestConformance(t *testing.T) {
 		Migrations: migrations,
 		New: func(env conformance.Env) []conformance.Subscription {
 			s := payment.New(env.Pool)
-			// placed is an OrderPlaced of a new customer whose wallet holds
-			// exactly its total.
-			placed := func(t testing.TB, env conformance.Env) conformance.Event {
+			// placedN is n OrderPlaced of a new customer whose wallet holds
+			// exactly their total.
+			placedN := func(t testing.TB, env conformance.Env, n int) []conformance.Event {
 				customer := "c-" + uuid.NewString()
-				_, err := env.Pool.Exec(t.Context(), `INSERT INTO wallets (customer_id, balance_cents) VALUES ($1, 300)`, customer)
+				_, err := env.Pool.Exec(t.Context(), `INSERT INTO wallets (customer_id, balance_cents) VALUES ($1, $2)`, customer, 300*n)
 				require.NoError(t, err)
-				orderID := uuid.Must(uuid.NewV7())
-				ev, err := event.New("order", event.OrderPlaced, orderID.String(), event.OrderPlacedV1{
-					Order:      event.Order{OrderID: orderID, CustomerID: customer},
-					Lines:      event.Lines{{SKU: "apple", Quantity: 3, UnitPriceCents: 100}},
-					TotalCents: 300,
-				})
-				require.NoError(t, err)
-				return ev
+				evs := make([]conformance.Event, n)
+				for i := range evs {
+					orderID := uuid.Must(uuid.NewV7())
+					evs[i], err = event.New("order", event.OrderPlaced, orderID.String(), event.OrderPlacedV1{
+						Order:      event.Order{OrderID: orderID, CustomerID: customer},
+						Lines:      event.Lines{{SKU: "apple", Quantity: 3, UnitPriceCents: 100}},
+						TotalCents: 300,
+					})
+					require.NoError(t, err)
+				}
+				return evs
 			}
+			placed := func(t testing.TB, env conformance.Env) conformance.Event { return placedN(t, env, 1)[0] }
 			// debited is an OrderPlaced, and its payload, that payment
 			// has handled, committed: the order debited, its customer's
 			// wallet empty.
@@ -59,8 +63,8 @@ func TestConformance(t *testing.T) {
 			return []conformance.Subscription{{
 				Stream: streams.Orders, Durable: streams.PaymentOrders,
 				Handler: s.HandleOrderPlaced, BatchHandler: s.HandleOrderPlacedBatch,
-				NewEvent: placed,
-				Effect:   conformance.Count(`SELECT count(*)::int FROM payments WHERE order_id = $1::uuid`, orderOf),
+				NewEvent: placed, NewEvents: placedN,
+				Effect: conformance.Count(`SELECT count(*)::int FROM payments WHERE order_id = $1::uuid`, orderOf),
 			}, {
 				Stream: streams.Inventory, Durable: streams.PaymentInventory,
 				Handler: s.HandleStockRejected, BatchHandler: s.HandleStockRejectedBatch,

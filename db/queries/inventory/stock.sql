@@ -52,10 +52,12 @@ FOR UPDATE;
 -- round trip (a row count compared by the client would come after that
 -- COMMIT).
 -- The skus are named twice: = ANY is an index condition even in a
--- generic plan made on a nearly empty table (db/plans_test.go).
+-- generic plan made on a nearly empty table (db/plans_test.go). writes[i]
+-- is how many reservations take from skus[i] (one, but in a set-based
+-- batch): the version counts each, as one reservation at a time would.
 UPDATE stock
-SET available = stock.available - want.quantity, version = stock.version + 1, updated_at = now()
-FROM (SELECT unnest(@skus::text[]) AS sku, unnest(@quantities::bigint[]) AS quantity) AS want
+SET available = stock.available - want.quantity, version = stock.version + want.writes, updated_at = now()
+FROM (SELECT unnest(@skus::text[]) AS sku, unnest(@quantities::bigint[]) AS quantity, unnest(@writes::bigint[]) AS writes) AS want
 WHERE stock.sku = want.sku AND stock.sku = ANY (@skus::text[]);
 
 -- name: IncrementStock :exec

@@ -11,14 +11,15 @@ import (
 
 const decrementStock = `-- name: DecrementStock :exec
 UPDATE stock
-SET available = stock.available - want.quantity, version = stock.version + 1, updated_at = now()
-FROM (SELECT unnest($1::text[]) AS sku, unnest($2::bigint[]) AS quantity) AS want
+SET available = stock.available - want.quantity, version = stock.version + want.writes, updated_at = now()
+FROM (SELECT unnest($1::text[]) AS sku, unnest($2::bigint[]) AS quantity, unnest($3::bigint[]) AS writes) AS want
 WHERE stock.sku = want.sku AND stock.sku = ANY ($1::text[])
 `
 
 type DecrementStockParams struct {
 	Skus       []string
 	Quantities []int64
+	Writes     []int64
 }
 
 // Takes quantities[i] from skus[i]. The caller locked the rows and checked
@@ -27,9 +28,11 @@ type DecrementStockParams struct {
 // round trip (a row count compared by the client would come after that
 // COMMIT).
 // The skus are named twice: = ANY is an index condition even in a
-// generic plan made on a nearly empty table (db/plans_test.go).
+// generic plan made on a nearly empty table (db/plans_test.go). writes[i]
+// is how many reservations take from skus[i] (one, but in a set-based
+// batch): the version counts each, as one reservation at a time would.
 func (q *Queries) DecrementStock(ctx context.Context, db DBTX, arg DecrementStockParams) error {
-	_, err := db.Exec(ctx, decrementStock, arg.Skus, arg.Quantities)
+	_, err := db.Exec(ctx, decrementStock, arg.Skus, arg.Quantities, arg.Writes)
 	return err
 }
 
