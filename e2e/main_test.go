@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"math"
@@ -44,6 +45,12 @@ func TestMain(m *testing.M) {
 }
 
 func runTests(m *testing.M) int {
+	flag.Parse()
+	if testing.Short() {
+		// The -short tier builds no binary and starts no server: every
+		// scenario runs the services as processes, and skips (newSystemWith).
+		return m.Run()
+	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("component", "e2e")
 	h, cleanup, err := setUp(logger)
 	if err != nil {
