@@ -90,9 +90,6 @@ func newSystem(t *testing.T) *system {
 // sets sys.natsURL.
 func newSystemWith(t *testing.T, startBroker func(sys *system)) *system {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("-short: the scenario runs the services, NATS and PostgreSQL as processes (the e2e system)")
-	}
 	shared.trackSources(t)
 	ctx := t.Context()
 	sys := &system{
