@@ -16,7 +16,7 @@ test:
 
 ## test-short: the fast tier (-short): every test but the e2e system's, the browser's and Docker's, against real PostgreSQL and NATS
 test-short:
-	$(GO) test -race -short ./...
+	$(GO) test -race -short -timeout 30m ./...
 
 ## slowest: the 20 slowest tests of the last make test (TEST_JSON)
 slowest:
