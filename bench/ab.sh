@@ -34,23 +34,34 @@ run() {
 	# shellcheck disable=SC2086 # DEVFLAGS is a list of flags
 	LOG_LEVEL=warn "$bin" dev --http-port 18080 --nats-port 14222 --pg-port 15432 ${DEVFLAGS:-} >"$log.dev" 2>&1 &
 	dev=$!
+	# Builds since the HTTP tokens take them from dev's issuer. Read the
+	# help whole first: under pipefail, grep -q closing the pipe early
+	# fails the test with loadgen's SIGPIPE whenever it matched.
+	local help wants_issuer=0
+	help=$("$bin" loadgen -h 2>&1 || true)
+	grep -q -- -issuer-url <<<"$help" && wants_issuer=1
+	# The issuer's URL is the one this dev printed once it was up (its
+	# "issuer" line), never a default: loadgen's own is 127.0.0.1:8084,
+	# another dev's or nobody's.
+	local ready=0 issuer_url=""
 	for _ in $(seq 240); do
-		"$bin" healthcheck http://127.0.0.1:18083/readyz >/dev/null 2>&1 && break
+		issuer_url=$(awk '$1 == "issuer" { print $2; exit }' "$log.dev")
+		if [ "$wants_issuer" = 0 ] || [ -n "$issuer_url" ]; then
+			"$bin" healthcheck http://127.0.0.1:18083/readyz >/dev/null 2>&1 && { ready=1; break; }
+		fi
 		sleep 0.5
 	done
-	# Builds since the HTTP tokens take them from dev's issuer.
-	local issuer=()
-	# Read the help whole first: under pipefail, grep -q closing the pipe
-	# early fails the test with loadgen's SIGPIPE whenever it matched.
-	local help
-	help=$("$bin" loadgen -h 2>&1 || true)
-	if grep -q -- -issuer-url <<<"$help"; then
-		issuer=(--issuer-url http://127.0.0.1:18084)
+	local issuer=() status=0
+	[ "$wants_issuer" = 1 ] && issuer=(--issuer-url "$issuer_url")
+	if [ "$ready" = 1 ]; then
+		"$bin" loadgen --rate "$rate" --duration "$duration" --customers 200 --skus 200 \
+			--order-url http://127.0.0.1:18080 --payment-url http://127.0.0.1:18081 --inventory-url http://127.0.0.1:18082 "${issuer[@]}" >"$log" 2>&1 || status=$?
 	fi
-	local status=0
-	"$bin" loadgen --rate "$rate" --duration "$duration" --customers 200 --skus 200 \
-		--order-url http://127.0.0.1:18080 --payment-url http://127.0.0.1:18081 --inventory-url http://127.0.0.1:18082 "${issuer[@]}" >"$log" 2>&1 || status=$?
-	if [ "$status" = 0 ] && grep -q '^  finished' "$log"; then
+	if [ "$ready" = 0 ]; then
+		failed=1
+		echo "  FAILED: dev was not ready, or printed no issuer, within 2 minutes; its last lines:"
+		tail -5 "$log.dev" | sed 's/^/    /'
+	elif [ "$status" = 0 ] && grep -q '^  finished' "$log"; then
 		grep -E '^  (finished|placed→confirmed)' "$log"
 	else
 		failed=1

@@ -15,6 +15,9 @@ import (
 // only: its test passes, each property by name.
 func TestAnotherModuleUsesTheKit(t *testing.T) {
 	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: builds and tests a module of its own (minutes of builds)")
+	}
 	root, err := filepath.Abs("..")
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"math"
@@ -44,6 +45,13 @@ func TestMain(m *testing.M) {
 }
 
 func runTests(m *testing.M) int {
+	flag.Parse()
+	if testing.Short() {
+		// Every scenario of this package runs the e2e system: it builds no
+		// binary, starts no server and runs no test in the -short tier.
+		fmt.Println("e2e: skipped under -short: every scenario runs the services, NATS and PostgreSQL as processes (the e2e system)")
+		return 0
+	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("component", "e2e")
 	h, cleanup, err := setUp(logger)
 	if err != nil {

@@ -42,10 +42,13 @@ func TestComposeDemo(t *testing.T) {
 	p.down(t) // a run killed before its cleanup
 	t.Cleanup(func() { p.down(t) })
 
+	// up --wait, as scripts and CI run it, returns once every service is
+	// healthy and every job has exited, and fails on a job that exited
+	// (even with 0) that no service waits for (the seed did).
 	up := time.Now()
-	p.compose(t, "--profile", "observability", "up", "--build", "--detach")
-	p.awaitHealthy(t, 10*time.Minute, append(longRunning, observability...), jobs)
-	t.Logf("up --build to healthy and seeded: %s", time.Since(up).Round(100*time.Millisecond))
+	p.compose(t, "--profile", "observability", "up", "--build", "--detach", "--wait", "--wait-timeout", "600")
+	p.awaitHealthy(t, time.Minute, append(longRunning, observability...), jobs)
+	t.Logf("up --build --wait to healthy and seeded: %s", time.Since(up).Round(100*time.Millisecond))
 
 	c := newClient()
 	alice := c.token(t, url.Values{"sub": {"alice"}, "email": {"alice@example.com"}}, "")

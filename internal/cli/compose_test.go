@@ -93,6 +93,35 @@ func TestComposeHasNoDefaultOperatorSecret(t *testing.T) {
 	require.NotContains(t, string(raw), "onceflow-demo", "the old default")
 }
 
+// `docker compose up -d --wait`, the form scripts and CI use, fails on a
+// one-shot job that exited, even with 0 ("container onceflow-seed-1 exited
+// (0)"), unless a service that stays up depends on the job's completion:
+// every job (restart "no") is depended on so, with and without the
+// observability profile. e2e/compose runs up --wait itself.
+func TestComposeUpWaitAwaitsEveryJob(t *testing.T) {
+	t.Parallel()
+	for _, profiles := range [][]string{nil, {"observability"}} {
+		project := loadCompose(t, profiles...)
+		var jobs []string
+		awaited := make(map[string]bool)
+		for name, svc := range project.Services {
+			if svc.Restart == types.RestartPolicyNo {
+				jobs = append(jobs, name)
+				continue
+			}
+			for dep, d := range svc.DependsOn {
+				if d.Condition == types.ServiceConditionCompletedSuccessfully {
+					awaited[dep] = true
+				}
+			}
+		}
+		require.Contains(t, jobs, "seed", "profiles %v", profiles)
+		for _, job := range jobs {
+			require.True(t, awaited[job], "profiles %v: no service that stays up depends on one-shot %s completing, so up --wait fails once it exits", profiles, job)
+		}
+	}
+}
+
 // onceflowServices are the compose services that run the onceflow image,
 // with the service command each runs.
 func onceflowServices(t *testing.T, project *types.Project) map[string]service {

@@ -156,6 +156,15 @@ func (s *system) exec(t *testing.T, service, sql string, args ...any) {
 	require.NoError(t, err)
 }
 
+// needsBrowser skips t in the -short tier, which starts no browser; a
+// browser test calls it before it starts its system.
+func needsBrowser(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: drives a headless Chromium")
+	}
+}
+
 // browser starts a headless Chromium with a fresh profile.
 func browser(t *testing.T) context.Context {
 	t.Helper()
@@ -233,6 +242,7 @@ func awaitText(t *testing.T, ctx context.Context, sel, want string) {
 // replayed, and runs the audit.
 func TestConsoleInABrowser(t *testing.T) {
 	t.Parallel()
+	needsBrowser(t)
 	s := start(t)
 	ctx := browser(t)
 

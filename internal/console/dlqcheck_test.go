@@ -23,6 +23,7 @@ import (
 func TestConsoleShowsWhichDeadLettersAreVerified(t *testing.T) {
 	// Not parallel: start's databases are named after the process, so two
 	// systems at once would share them.
+	needsBrowser(t)
 	s := start(t)
 	ctx := browser(t)
 

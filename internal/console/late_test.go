@@ -24,6 +24,7 @@ import (
 // replies the order service recorded as late.
 func TestConsoleShowsALateReply(t *testing.T) {
 	t.Parallel()
+	needsBrowser(t)
 	s := start(t, "ORDER_DEADLINE=2s")
 	ctx := browser(t)
 	stalled := []struct{ stream, durable string }{

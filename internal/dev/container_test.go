@@ -33,6 +33,9 @@ func TestStartWithoutPostgresSaysWhatToInstall(t *testing.T) {
 // stand-in of make demo-images), says so, and Stop removes it. .ci/run runs
 // it on the stand-ins (TEST_CONTAINERS=on).
 func TestStartRunsPostgresInAContainerWithoutAnInstallation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: runs PostgreSQL in a Docker container")
+	}
 	image := cmp.Or(os.Getenv("POSTGRES_IMAGE"), dev.DefaultPostgresImage)
 	choice, err := testenv.ChooseContainers(t.Context(), image)
 	require.NoError(t, err)

@@ -93,6 +93,9 @@ func (s *Service) awardPoints(ctx context.Context, tx pgx.Tx, p event.OrderConfi
 // caches.
 func TestNewServiceEndToEnd(t *testing.T) {
 	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: builds a copy of the repository and runs it with onceflow dev (an e2e system)")
+	}
 	began := time.Now()
 	step := func(what string) func() {
 		start := time.Now()

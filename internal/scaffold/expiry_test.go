@@ -21,6 +21,9 @@ import (
 // that would consume only OrderExpired has no forward event to emit for.
 func TestAnExpiryConsumerCompensatesOnADurableOfItsOwn(t *testing.T) {
 	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: vets and tests a copy of the repository (minutes of builds, as the end-to-end's)")
+	}
 	repo := copyRepo(t)
 	out := newService(t, repo, "refunds", "--consumes", "OrderPlaced,OrderExpired", "--emits", "RefundOffered")
 	require.Regexp(t, `refunds-orders on ORDERS: +OrderPlaced → HandleOrderPlaced\n`, out)
