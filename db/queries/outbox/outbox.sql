@@ -76,9 +76,11 @@ WITH pos AS MATERIALIZED (
            CASE WHEN p.epoch = @epoch::bigint THEN @span_done::bigint ELSE p.span_done END AS span_done
     FROM outbox_position p
 ), page AS MATERIALIZED (
+    -- The bounds as subqueries, computed once: the index range they make.
     SELECT o.* FROM pos, outbox o
     WHERE (SELECT span_done < span_upto FROM pos)
-      AND o.id > pos.span_done AND o.id <= pos.span_upto AND pg_visible_in_snapshot(o.xact_id, pos.span_snap)
+      AND o.id > (SELECT span_done FROM pos) AND o.id <= (SELECT span_upto FROM pos)
+      AND pg_visible_in_snapshot(o.xact_id, pos.span_snap)
       AND NOT outbox_covered(o.id, o.xact_id, pos.snap, pos.upto, pos.span_snap, pos.span_done)
     ORDER BY o.id
     LIMIT @batch_size::bigint
