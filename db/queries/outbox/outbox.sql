@@ -58,9 +58,8 @@ SELECT outbox_start_over()::bigint AS rows;
 -- A span is what one snapshot saw, paged in id order. While the position's
 -- span has rows left, the batch is its next page: one id range, as the
 -- span's rows lie above span_done. Else a new span begins from the
--- position's span: what this statement sees (outbox_unsent_after), sorted
--- by id, up to outbox_last_id, which is at least every id it sees (a
--- position's invariant: see 00016). A row that commits later
+-- position's span: what this statement sees (outbox_unsent_after, whose
+-- rows it sees all have ids up to outbox_last_id). A row that commits later
 -- has its transaction in the snapshot's running list or above its xmax, so
 -- a later span has it. closes tells that the batch is the span's last: once
 -- it is acknowledged, (span_snap, span_upto) covers the span (RecordBatch).
