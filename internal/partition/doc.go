@@ -22,10 +22,34 @@
 // (outbox_all_sent: the relay's position, and its position as of the
 // window's start, cover every row), checked before the lock and again
 // under it, in a READ COMMITTED transaction; the relay's positions older
-// than the window are pruned in the same round. Rows that arrive before
-// their partition exists (a new database, a maintenance that fell behind)
-// wait in the table's DEFAULT partition and are moved into their
-// partition when it is made.
+// than the window are pruned in the same round.
+//
+// Rows that arrive before their partition exists (a new database, a
+// maintenance kept from its locks for hours, an event from a clock far
+// ahead) wait in the table's DEFAULT partition and are moved into their
+// partition when it is made, in batches that hold no lock a writer waits
+// behind (db/migrations/platform/00017): the partition's table is made
+// unattached, the DEFAULT partition made to refuse rows of its range, the
+// range's rows moved a batch a transaction, and the table attached with
+// checks that spare the ATTACH any scan. While they move:
+//
+//   - A row of processed_events is seen by every claim of its event or
+//     the claim is refused: from the moment the first batch may take a
+//     row out of sight, a claim of the range fails in its statement
+//     (check_violation, 23514), which the inbox rolls back and retries
+//     with a delay like any transient failure, so a duplicate is never
+//     claimed a second time.
+//   - A row of the outbox the relay has not sent stays in sight of its
+//     claim: only rows its position covers are moved, the unsent ones wait
+//     for the relay, and at most a batch of them is moved by the ATTACH's
+//     transaction, which holds the DEFAULT partition's lock for that.
+//     Producers' rows of the range are refused (23514) while it moves;
+//     only a range written while the maintenance was hours behind moves.
+//     A redrive that runs during a move does not see the sent rows out of
+//     sight, and republishes them no more.
+//   - Writers of other ranges wait at most the lock timeout and a catalog
+//     change; no step scans a table under a lock a writer waits for, and
+//     no step's length grows with the rows to move but a batch's.
 //
 // The inbox may drop a partition because its consumers refuse an event
 // older than the retention (inbox.Config.Retention; Table.Retention of

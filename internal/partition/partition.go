@@ -262,6 +262,9 @@ func (m *Maintainer) maintain(ctx context.Context, t Table) (Result, error) {
 
 // create makes the partition r of t (false: it existed).
 func (m *Maintainer) create(ctx context.Context, t Table, r span, now time.Time) (bool, error) {
+	if err := m.prepare(ctx, t, r); err != nil {
+		return false, fmt.Errorf("prepare partition of %s from %s: %w", t.Name, r.lo.Format(time.RFC3339), err)
+	}
 	ok, err := m.step(ctx, t.Name, "create", func(lockTimeout string) (bool, error) {
 		return m.queries.CreatePartition(ctx, m.pool, dbsqlc.CreatePartitionParams{
 			Parent: t.Name, Key: t.Key, Lo: r.lo, Hi: r.hi, LockTimeout: lockTimeout,

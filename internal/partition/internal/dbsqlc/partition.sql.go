@@ -44,6 +44,21 @@ func (q *Queries) CreatePartition(ctx context.Context, db DBTX, arg CreatePartit
 	return created, err
 }
 
+const defaultNotEmpty = `-- name: DefaultNotEmpty :one
+SELECT partition_default_not_empty($1::text) AS not_empty
+`
+
+// Whether the DEFAULT partition of @parent takes space on disk (rows, or
+// the dead tuples of rows moved out): then a partition is made in steps
+// (MoveBegin, MoveBatch, MoveValidate, CreatePartition), so that no ATTACH
+// scans DEFAULT or moves rows under its lock (00017).
+func (q *Queries) DefaultNotEmpty(ctx context.Context, db DBTX, parent string) (bool, error) {
+	row := db.QueryRow(ctx, defaultNotEmpty, parent)
+	var not_empty bool
+	err := row.Scan(&not_empty)
+	return not_empty, err
+}
+
 const dropDetached = `-- name: DropDetached :one
 SELECT d.dropped::integer AS dropped, d.locked::integer AS locked
 FROM partition_drop_detached($1::text, $2::text) AS d
@@ -117,6 +132,90 @@ func (q *Queries) DropSentPartition(ctx context.Context, db DBTX, arg DropSentPa
 	var dropped bool
 	err := row.Scan(&dropped)
 	return dropped, err
+}
+
+const moveBatch = `-- name: MoveBatch :one
+SELECT m.moved::integer AS moved, m.left_behind::integer AS left_behind
+FROM partition_move_batch($1::text, $2::text, $3::timestamptz, $4::timestamptz, $5::integer, $6::boolean) AS m
+`
+
+type MoveBatchParams struct {
+	Parent   string
+	Key      string
+	Lo       time.Time
+	Hi       time.Time
+	N        int32
+	SentOnly bool
+}
+
+type MoveBatchRow struct {
+	Moved      int32
+	LeftBehind int32
+}
+
+// Moves at most @n rows of [@lo, @hi) from the DEFAULT partition of
+// @parent into the table MoveBegin made, in the outbox (@sent_only) only
+// rows the relay's position covers, in this statement's transaction; and
+// counts the rows of the range left in DEFAULT, up to @n + 1.
+func (q *Queries) MoveBatch(ctx context.Context, db DBTX, arg MoveBatchParams) (MoveBatchRow, error) {
+	row := db.QueryRow(ctx, moveBatch,
+		arg.Parent,
+		arg.Key,
+		arg.Lo,
+		arg.Hi,
+		arg.N,
+		arg.SentOnly,
+	)
+	var i MoveBatchRow
+	err := row.Scan(&i.Moved, &i.LeftBehind)
+	return i, err
+}
+
+const moveBegin = `-- name: MoveBegin :one
+SELECT partition_move_begin($1::text, $2::text, $3::timestamptz, $4::timestamptz, $5::text) AS begun
+`
+
+type MoveBeginParams struct {
+	Parent      string
+	Key         string
+	Lo          time.Time
+	Hi          time.Time
+	LockTimeout string
+}
+
+// Creates the table of the partition [@lo, @hi) of @parent unattached and
+// makes the DEFAULT partition refuse rows of the range (a CHECK NOT VALID,
+// named as the table): partition_move_begin in 00017. False: the partition
+// exists.
+func (q *Queries) MoveBegin(ctx context.Context, db DBTX, arg MoveBeginParams) (bool, error) {
+	row := db.QueryRow(ctx, moveBegin,
+		arg.Parent,
+		arg.Key,
+		arg.Lo,
+		arg.Hi,
+		arg.LockTimeout,
+	)
+	var begun bool
+	err := row.Scan(&begun)
+	return begun, err
+}
+
+const moveValidate = `-- name: MoveValidate :exec
+SELECT partition_move_validate($1::text, $2::timestamptz, $3::text)
+`
+
+type MoveValidateParams struct {
+	Parent      string
+	Lo          time.Time
+	LockTimeout string
+}
+
+// Validates the DEFAULT partition's CHECK that MoveBegin added, under a
+// lock no writer waits for, so that the ATTACH of the partition starting
+// at @lo does not scan DEFAULT.
+func (q *Queries) MoveValidate(ctx context.Context, db DBTX, arg MoveValidateParams) error {
+	_, err := db.Exec(ctx, moveValidate, arg.Parent, arg.Lo, arg.LockTimeout)
+	return err
 }
 
 const partitions = `-- name: Partitions :many
