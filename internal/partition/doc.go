@@ -27,11 +27,12 @@
 // Rows that arrive before their partition exists (a new database, a
 // maintenance kept from its locks for hours, an event from a clock far
 // ahead) wait in the table's DEFAULT partition and are moved into their
-// partition when it is made, in batches that hold no lock a writer waits
-// behind (db/migrations/platform/00017): the partition's table is made
-// unattached, the DEFAULT partition made to refuse rows of its range, the
-// range's rows moved a batch a transaction, and the table attached with
-// checks that spare the ATTACH any scan. While they move:
+// partition when it is made: under the DEFAULT partition's lock when it
+// is small (a few hundred kB, a few ms), else in batches that hold no lock
+// a writer waits behind (db/migrations/platform/00017): the partition's
+// table is made unattached, the DEFAULT partition made to refuse rows of
+// its range, the range's rows moved a batch a transaction, and the table
+// attached with checks that spare the ATTACH any scan. While they move:
 //
 //   - A row of processed_events is seen by every claim of its event or
 //     the claim is refused: from the moment the first batch may take a

@@ -8,24 +8,31 @@ import (
 	"github.com/onceflow/onceflow/internal/partition/internal/dbsqlc"
 )
 
-// moveBatch is how many rows one step of a move takes out of a DEFAULT
-// partition: a transaction of some tens of milliseconds that holds no lock a
-// writer waits behind.
-const moveBatch = 5000
+const (
+	// moveBatch is how many rows one step of a move takes out of a DEFAULT
+	// partition: a transaction of some tens of milliseconds that holds no
+	// lock a writer waits behind.
+	moveBatch = 5000
+	// smallDefault is the size of a DEFAULT partition (256kB: some 2,000
+	// rows of the inbox) whose rows partition_create moves and whose ATTACH
+	// scans it under its lock, in a few milliseconds: a new database's first
+	// writes, an event from a clock far ahead.
+	smallDefault = 256 << 10
+)
 
-// prepare readies the partition r of t when the DEFAULT partition is not
-// empty (rows, or the dead tuples of rows moved out of it), so that create attaches it holding its locks for a catalog change
+// prepare readies the partition r of t when the DEFAULT partition is larger
+// than smallDefault (rows, or the dead tuples of rows moved out of it), so that create attaches it holding its locks for a catalog change
 // only (see the package doc, and 00017): it makes the partition's table
 // unattached, makes DEFAULT refuse rows of the range, moves the range's rows
 // out of DEFAULT in batches and validates DEFAULT's refusal. The outbox's
 // unsent rows stay where the relay sees them; when at most a batch of them
 // is left, create moves them under the DEFAULT partition's lock.
 func (m *Maintainer) prepare(ctx context.Context, t Table, r span) error {
-	used, err := m.queries.DefaultNotEmpty(ctx, m.pool, t.Name)
+	large, err := m.queries.DefaultLarger(ctx, m.pool, dbsqlc.DefaultLargerParams{Parent: t.Name, Bytes: smallDefault})
 	if err != nil {
 		return fmt.Errorf("look at the DEFAULT partition of %s: %w", t.Name, err)
 	}
-	if !used {
+	if !large {
 		return nil
 	}
 	begun, err := m.step(ctx, t.Name, "move_begin", func(lockTimeout string) (bool, error) {

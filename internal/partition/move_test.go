@@ -65,7 +65,7 @@ func TestDefaultRowsMoveWithoutHoldingWriters(t *testing.T) {
 	require.Equal(t, waitingRows, e.count(t, `SELECT count(*) FROM processed_events_default`))
 
 	w := startWriters(t, e, hour, clock.Add(2*time.Hour))
-	sampled := sampleLockWaits(t, e)
+	sampled := sampleLockWaits(t, e, writerApp)
 	w.awaitClaims(t, 20) // the writers are under way before the round
 	clock = hour.Add(10 * time.Minute)
 	res, err := m.Maintain(ctx, in)
@@ -97,13 +97,7 @@ type writers struct {
 
 func startWriters(t *testing.T, e *env, hour, elsewhere time.Time) *writers {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(e.db.URL)
-	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["application_name"] = writerApp
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := e.namedPool(t, writerApp, 4)
 	w := &writers{}
 	var stopping atomic.Bool
 	var wg sync.WaitGroup
@@ -176,8 +170,9 @@ func (w *writers) awaitClaims(t *testing.T, n int64) {
 }
 
 // sampleLockWaits samples pg_locks until the returned function is called,
-// which returns the longest a writer's session was seen waiting for a lock.
-func sampleLockWaits(t *testing.T, e *env) func() time.Duration {
+// which returns the longest a session named app was seen waiting for a
+// lock.
+func sampleLockWaits(t *testing.T, e *env, app string) func() time.Duration {
 	t.Helper()
 	conn, err := e.db.Pool.Acquire(t.Context())
 	require.NoError(t, err)
@@ -191,7 +186,7 @@ func sampleLockWaits(t *testing.T, e *env) func() time.Duration {
 			var us int64
 			err := conn.QueryRow(ctx, `SELECT coalesce(max(extract(epoch FROM clock_timestamp() - l.waitstart) * 1e6), 0)::bigint
 				FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-				WHERE NOT l.granted AND a.application_name = $1`, writerApp).Scan(&us)
+				WHERE NOT l.granted AND a.application_name = $1`, app).Scan(&us)
 			if err != nil && ctx.Err() == nil && !errors.Is(err, pgx.ErrTxClosed) {
 				t.Errorf("sample pg_locks: %v", err)
 				return
@@ -242,7 +237,7 @@ func TestLockWaitSamplingSeesAWait(t *testing.T) {
 	e := setup(t, nil)
 	w := startWriters(t, e, time.Now().Add(time.Hour), time.Now())
 	w.awaitClaims(t, 1)
-	sampled := sampleLockWaits(t, e)
+	sampled := sampleLockWaits(t, e, writerApp)
 	lock := testenv.Begin(t, e.db.Pool)
 	_, err := lock.Exec(t.Context(), `LOCK TABLE processed_events IN ACCESS EXCLUSIVE MODE`)
 	require.NoError(t, err)
@@ -252,4 +247,17 @@ func TestLockWaitSamplingSeesAWait(t *testing.T) {
 	require.NoError(t, lock.Rollback(t.Context()))
 	w.stop()
 	require.GreaterOrEqual(t, sampled(), maxWriterLockWait)
+}
+
+// namedPool is a pool of e's database of at most n sessions, named app.
+func (e *env) namedPool(t *testing.T, app string, n int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(e.db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	cfg.MaxConns = n
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
 }

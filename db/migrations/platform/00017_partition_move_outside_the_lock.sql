@@ -32,15 +32,17 @@
 --      transaction.
 --
 -- The DEFAULT's CHECK, named as the table, marks the table as being filled:
--- partition_drop_detached leaves it alone. partition_create also creates
--- through these steps when DEFAULT holds rows outside the range (begin,
--- validate, attach: no row moves), so that no ATTACH scans DEFAULT under
--- its lock.
+-- partition_drop_detached leaves it alone. The maintenance takes these
+-- steps whenever the DEFAULT partition is larger than a few hundred kB
+-- (partition_default_larger), also for a range it holds no row of (begin,
+-- validate, attach: no row moves), so that no ATTACH scans a large DEFAULT
+-- under its lock; a smaller one is moved and scanned under the lock, as
+-- before, in a few ms.
 --
 -- partition_create compares bounds when the partition's name is taken: a
--- table of that name with other bounds (made by hand, or by a release that
--- aligned partitions otherwise) raises, instead of being taken for the
--- partition the maintenance wanted.
+-- partition of that name with other bounds (made by hand, or by a replica
+-- whose interval differs) raises, instead of being taken for the partition
+-- the maintenance wanted.
 --
 -- partition_floor_without: when the lowest partition goes, the floor is its
 -- upper bound, not the next partition's lower bound, so that a gap above
@@ -66,14 +68,15 @@ LANGUAGE sql STABLE AS $$
 $$;
 -- +goose StatementEnd
 
--- Whether the DEFAULT partition of parent takes space on disk, rows or the
--- dead tuples of rows moved out of it until a vacuum: an ATTACH would scan
--- it under its ACCESS EXCLUSIVE lock. When it takes none, a partition is
--- made in one step.
+-- Whether the DEFAULT partition of parent takes more than bytes on disk,
+-- rows or the dead tuples of rows moved out of it until a vacuum: an
+-- ATTACH would scan it under its ACCESS EXCLUSIVE lock, and partition_create
+-- move its rows of the range under that lock. At most a few hundred kB
+-- take a few ms, and a partition is made in one step.
 -- +goose StatementBegin
-CREATE FUNCTION partition_default_not_empty(parent text) RETURNS boolean
+CREATE FUNCTION partition_default_larger(parent text, bytes bigint) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce(pg_relation_size(to_regclass(partition_default(parent))) > 0, false)
+    SELECT coalesce(pg_relation_size(to_regclass(partition_default(parent))) > bytes, false)
 $$;
 -- +goose StatementEnd
 
@@ -177,24 +180,25 @@ BEGIN
     adopting := dflt IS NOT NULL AND to_regclass(part) IS NOT NULL
         AND EXISTS (SELECT 1 FROM pg_catalog.pg_constraint WHERE conrelid = dflt::regclass AND conname = part);
     IF NOT adopting THEN
+        -- A leftover a drop detached that a session still holds: dropped
+        -- at a later round, and the partition made then.
         IF to_regclass(part) IS NOT NULL THEN
-            RAISE EXCEPTION 'a table named % exists and is no partition of %', part, parent;
+            RETURN false;
         END IF;
         EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)', part, parent);
-    END IF;
-    -- Rows of the range left in DEFAULT (the outbox's last unsent rows,
-    -- at most a batch; a move not made in steps) are moved here, under the
-    -- DEFAULT partition's lock. Looked for before the table's lock, and not
-    -- when DEFAULT's validated CHECK rules them out: a row of the range
-    -- that comes after the look makes the ATTACH fail, and the next round
-    -- move it.
-    IF dflt IS NOT NULL AND NOT (adopting AND (SELECT k.convalidated FROM pg_catalog.pg_constraint k
-                                               WHERE k.conrelid = dflt::regclass AND k.conname = part)) THEN
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %1$I WHERE %2$I >= %3$L AND %2$I < %4$L)', dflt, key, lo, hi) INTO moving;
     END IF;
     IF exclusive THEN
         EXECUTE format('LOCK TABLE ONLY %I IN ACCESS EXCLUSIVE MODE', parent);
         locked := clock_timestamp();
+    END IF;
+    -- Rows of the range in DEFAULT (a small DEFAULT, or the outbox's last
+    -- unsent rows, at most a batch) are moved here, under the DEFAULT
+    -- partition's lock; not looked for when DEFAULT's validated CHECK rules
+    -- them out. A row of the range that comes after the look makes the
+    -- ATTACH fail, and the next round move it.
+    IF dflt IS NOT NULL AND NOT (adopting AND (SELECT k.convalidated FROM pg_catalog.pg_constraint k
+                                               WHERE k.conrelid = dflt::regclass AND k.conname = part)) THEN
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %1$I WHERE %2$I >= %3$L AND %2$I < %4$L)', dflt, key, lo, hi) INTO moving;
     END IF;
     IF moving THEN
         EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', dflt);
@@ -343,6 +347,6 @@ $$;
 DROP FUNCTION partition_move_validate(text, timestamptz, text);
 DROP FUNCTION partition_move_batch(text, text, timestamptz, timestamptz, integer, boolean);
 DROP FUNCTION partition_move_begin(text, text, timestamptz, timestamptz, text);
-DROP FUNCTION partition_default_not_empty(text);
+DROP FUNCTION partition_default_larger(text, bigint);
 DROP FUNCTION partition_default(text);
 DROP FUNCTION partition_name(text, timestamptz);

@@ -53,12 +53,12 @@ WHERE b.id < (
   AND b.id <> coalesce((SELECT max(c.id) FROM outbox_batch c
                         WHERE c.epoch = (SELECT coalesce(max(r.id), 0) FROM outbox_redrive r)), 0);
 
--- name: DefaultNotEmpty :one
--- Whether the DEFAULT partition of @parent takes space on disk (rows, or
--- the dead tuples of rows moved out): then a partition is made in steps
--- (MoveBegin, MoveBatch, MoveValidate, CreatePartition), so that no ATTACH
--- scans DEFAULT or moves rows under its lock (00017).
-SELECT partition_default_not_empty(@parent::text) AS not_empty;
+-- name: DefaultLarger :one
+-- Whether the DEFAULT partition of @parent takes more than @bytes on disk
+-- (rows, or the dead tuples of rows moved out): then a partition is made in
+-- steps (MoveBegin, MoveBatch, MoveValidate, CreatePartition), so that no
+-- ATTACH scans DEFAULT or moves rows under its lock (00017).
+SELECT partition_default_larger(@parent::text, @bytes::bigint) AS larger;
 
 -- name: MoveBegin :one
 -- Creates the table of the partition [@lo, @hi) of @parent unattached and
@@ -80,3 +80,8 @@ FROM partition_move_batch(@parent::text, @key::text, @lo::timestamptz, @hi::time
 -- lock no writer waits for, so that the ATTACH of the partition starting
 -- at @lo does not scan DEFAULT.
 SELECT partition_move_validate(@parent::text, @lo::timestamptz, @lock_timeout::text);
+
+-- name: PartitionFloor :one
+-- The floor of @parent (partition_floor, 00014): no partition is made
+-- below it, where the claim refuses events. The epoch stands for none.
+SELECT greatest(coalesce((SELECT f.lo FROM partition_floor f WHERE f.parent = @parent::text), 'epoch'), 'epoch')::timestamptz AS floor;

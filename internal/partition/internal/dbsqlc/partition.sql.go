@@ -44,19 +44,24 @@ func (q *Queries) CreatePartition(ctx context.Context, db DBTX, arg CreatePartit
 	return created, err
 }
 
-const defaultNotEmpty = `-- name: DefaultNotEmpty :one
-SELECT partition_default_not_empty($1::text) AS not_empty
+const defaultLarger = `-- name: DefaultLarger :one
+SELECT partition_default_larger($1::text, $2::bigint) AS larger
 `
 
-// Whether the DEFAULT partition of @parent takes space on disk (rows, or
-// the dead tuples of rows moved out): then a partition is made in steps
-// (MoveBegin, MoveBatch, MoveValidate, CreatePartition), so that no ATTACH
-// scans DEFAULT or moves rows under its lock (00017).
-func (q *Queries) DefaultNotEmpty(ctx context.Context, db DBTX, parent string) (bool, error) {
-	row := db.QueryRow(ctx, defaultNotEmpty, parent)
-	var not_empty bool
-	err := row.Scan(&not_empty)
-	return not_empty, err
+type DefaultLargerParams struct {
+	Parent string
+	Bytes  int64
+}
+
+// Whether the DEFAULT partition of @parent takes more than @bytes on disk
+// (rows, or the dead tuples of rows moved out): then a partition is made in
+// steps (MoveBegin, MoveBatch, MoveValidate, CreatePartition), so that no
+// ATTACH scans DEFAULT or moves rows under its lock (00017).
+func (q *Queries) DefaultLarger(ctx context.Context, db DBTX, arg DefaultLargerParams) (bool, error) {
+	row := db.QueryRow(ctx, defaultLarger, arg.Parent, arg.Bytes)
+	var larger bool
+	err := row.Scan(&larger)
+	return larger, err
 }
 
 const dropDetached = `-- name: DropDetached :one
@@ -216,6 +221,19 @@ type MoveValidateParams struct {
 func (q *Queries) MoveValidate(ctx context.Context, db DBTX, arg MoveValidateParams) error {
 	_, err := db.Exec(ctx, moveValidate, arg.Parent, arg.Lo, arg.LockTimeout)
 	return err
+}
+
+const partitionFloor = `-- name: PartitionFloor :one
+SELECT greatest(coalesce((SELECT f.lo FROM partition_floor f WHERE f.parent = $1::text), 'epoch'), 'epoch')::timestamptz AS floor
+`
+
+// The floor of @parent (partition_floor, 00014): no partition is made
+// below it, where the claim refuses events. The epoch stands for none.
+func (q *Queries) PartitionFloor(ctx context.Context, db DBTX, parent string) (time.Time, error) {
+	row := db.QueryRow(ctx, partitionFloor, parent)
+	var floor time.Time
+	err := row.Scan(&floor)
+	return floor, err
 }
 
 const partitions = `-- name: Partitions :many
