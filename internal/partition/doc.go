@@ -52,11 +52,21 @@
 //     change; no step scans a table under a lock a writer waits for, and
 //     no step's length grows with the rows to move but a batch's.
 //
+// A round also makes again a partition missing between two others (one
+// dropped by hand), unless it is past the retention or below the floor
+// (below, where claims are refused, a partition would admit again events
+// whose claims went with a dropped one), and deletes, a batch a
+// transaction, the rows of a DEFAULT partition below the floor, which no
+// partition will take: in the outbox only once every row below the floor
+// was sent longer than the re-drive window ago.
+//
 // The inbox may drop a partition because its consumers refuse an event
 // older than the retention (inbox.Config.Retention; Table.Retention of
 // processed_events adds a margin to it, see InboxTable), and because the
 // claim refuses an event older than the oldest partition: partition_create
 // and partition_drop keep that floor (partition_floor, in 00014) in the
 // transaction that attaches or detaches, so replicas whose retentions
-// differ agree on it.
+// differ agree on it. The floor rises to the upper bound of the partition
+// dropped (00017), not past a gap above it, which may be within the
+// retention.
 package partition

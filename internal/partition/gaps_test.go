@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/partition"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // A partition missing between two others (dropped by hand) is made again
@@ -72,4 +73,35 @@ func TestCreateComparesTheBoundsOfATakenName(t *testing.T) {
 	created, err = create(later, later.Add(time.Hour))
 	require.NoError(t, err)
 	require.False(t, created, "a leftover's name, made at a later round")
+}
+
+// Rows of the DEFAULT partition below the floor, which no partition will
+// take (claims of them are refused), are deleted by the round; a claim
+// from a clock far ahead, which its partition will take, stays.
+func TestDefaultRowsBelowTheFloorAreCleaned(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	ctx := t.Context()
+	now := time.Now()
+	in := partition.InboxTable(time.Hour, 48*time.Hour, 5*time.Minute)
+	m := partition.New(e.db.Pool, partition.Config{Tables: []partition.Table{in}, Now: func() time.Time { return now }}, e.logger)
+	_, err := m.Maintain(ctx, in)
+	require.NoError(t, err)
+	e.dropLegacyPartition(t) // the floor rises to where the migration's partition ended
+
+	tx := testenv.Begin(t, e.db.Pool)
+	_, err = tx.Exec(ctx, `SELECT set_config('onceflow.claim_past_retention', 'on', true)`) // as a forced replay
+	require.NoError(t, err)
+	for _, at := range []time.Time{now.Add(-72 * time.Hour), now.Add(-71 * time.Hour), now.Add(30 * time.Hour)} {
+		_, err = tx.Exec(ctx, `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, minted_at)
+			VALUES ('c', gen_random_uuid(), 't', $1, 0, $1)`, at)
+		require.NoError(t, err)
+	}
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, 3, e.count(t, `SELECT count(*) FROM processed_events_default`))
+
+	res, err := m.Maintain(ctx, in)
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Cleaned)
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM processed_events_default WHERE minted_at > now()`))
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/onceflow/onceflow/internal/partition/internal/dbsqlc"
 )
 
@@ -84,6 +86,38 @@ func (m *Maintainer) moveRows(ctx context.Context, t Table, r span) (int, error)
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		case <-time.After(time.Duration(waited) * m.cfg.LockTimeout):
+		}
+	}
+}
+
+// cleanDefault deletes the rows of the DEFAULT partition of t below its
+// floor, which no partition will ever take, a batch a transaction, and
+// returns how many it deleted.
+func (m *Maintainer) cleanDefault(ctx context.Context, t Table) (int, error) {
+	used, err := m.queries.DefaultLarger(ctx, m.pool, dbsqlc.DefaultLargerParams{Parent: t.Name, Bytes: 0})
+	if err != nil || !used {
+		return 0, err
+	}
+	var total int
+	for {
+		start := time.Now()
+		var n int32
+		var err error
+		if t.SentOnly {
+			n, err = m.queries.CleanSentDefault(ctx, m.pool, dbsqlc.CleanSentDefaultParams{
+				Parent: t.Name, Key: t.Key, N: moveBatch,
+				Retention: pgtype.Interval{Microseconds: t.Retention.Microseconds(), Valid: true},
+			})
+		} else {
+			n, err = m.queries.CleanDefault(ctx, m.pool, dbsqlc.CleanDefaultParams{Parent: t.Name, Key: t.Key, N: moveBatch})
+		}
+		m.cfg.Observer.Step(t.Name, "clean_default", time.Since(start), err)
+		if err != nil {
+			return total, fmt.Errorf("clean the DEFAULT partition of %s: %w", t.Name, err)
+		}
+		total += int(n)
+		if n < moveBatch {
+			return total, nil
 		}
 	}
 }

@@ -124,6 +124,7 @@ type Result struct {
 	Created int // partitions added
 	Dropped int // partitions dropped
 	Kept    int // outbox partitions past retention kept for unsent or recently sent rows
+	Cleaned int // rows deleted from the DEFAULT partition below the floor, which no partition takes
 	// Partitions is how many partitions the table has after the round, its
 	// DEFAULT partition included, and Until the upper bound of the last
 	// one: also after a round that failed, unless it failed before it
@@ -257,6 +258,11 @@ func (m *Maintainer) maintain(ctx context.Context, t Table) (Result, error) {
 		if err := m.dropDetached(ctx, t); err != nil {
 			return res, err
 		}
+	}
+	cleaned, err := m.cleanDefault(ctx, t)
+	res.Cleaned = cleaned
+	if err != nil {
+		return res, err
 	}
 	if t.SentOnly {
 		if err := m.prunePositions(ctx, t); err != nil {

@@ -44,6 +44,10 @@
 -- whose interval differs) raises, instead of being taken for the partition
 -- the maintenance wanted.
 --
+-- partition_clean_default deletes, in batches, the rows of a DEFAULT
+-- partition below the table's floor, which no partition will ever take:
+-- DEFAULT partitions were never cleaned.
+--
 -- partition_floor_without: when the lowest partition goes, the floor is its
 -- upper bound, not the next partition's lower bound, so that a gap above
 -- it (a partition that was never made) is not refused while it is within
@@ -250,6 +254,36 @@ END
 $$;
 -- +goose StatementEnd
 
+-- Deletes at most n rows of the DEFAULT partition of parent that lie
+-- below its floor, which no partition will take (none is made below it):
+-- in processed_events claims that the floor's trigger refuses whether the
+-- row is there or not; in the outbox (sent_since not NULL) only once every
+-- outbox row below the floor was sent before sent_since (outbox_all_sent).
+-- Returns how many it deleted. A DELETE takes no lock a writer waits for.
+-- +goose StatementBegin
+CREATE FUNCTION partition_clean_default(parent text, key text, n integer, sent_since timestamptz)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    dflt text := partition_default(parent);
+    lowest timestamptz;
+    deleted integer;
+BEGIN
+    SELECT f.lo INTO lowest FROM partition_floor f WHERE f.parent = partition_clean_default.parent;
+    IF dflt IS NULL OR lowest IS NULL THEN
+        RETURN 0;
+    END IF;
+    IF sent_since IS NOT NULL AND NOT outbox_all_sent('-infinity', lowest, sent_since) THEN
+        RETURN 0;
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true);
+    EXECUTE format('DELETE FROM %1$I WHERE ctid = ANY (ARRAY(SELECT ctid FROM %1$I WHERE %2$I < %3$L LIMIT %4$s))',
+        dflt, key, lowest, n);
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    RETURN deleted;
+END
+$$;
+-- +goose StatementEnd
+
 -- 00014's, but the floor once the lowest partition goes is its upper
 -- bound (see the top).
 -- +goose StatementBegin
@@ -344,6 +378,7 @@ END
 $$;
 -- +goose StatementEnd
 
+DROP FUNCTION partition_clean_default(text, text, integer, timestamptz);
 DROP FUNCTION partition_move_validate(text, timestamptz, text);
 DROP FUNCTION partition_move_batch(text, text, timestamptz, timestamptz, integer, boolean);
 DROP FUNCTION partition_move_begin(text, text, timestamptz, timestamptz, text);

@@ -85,3 +85,13 @@ SELECT partition_move_validate(@parent::text, @lo::timestamptz, @lock_timeout::t
 -- The floor of @parent (partition_floor, 00014): no partition is made
 -- below it, where the claim refuses events. The epoch stands for none.
 SELECT greatest(coalesce((SELECT f.lo FROM partition_floor f WHERE f.parent = @parent::text), 'epoch'), 'epoch')::timestamptz AS floor;
+
+-- name: CleanDefault :one
+-- Deletes at most @n rows of the DEFAULT partition of @parent below its
+-- floor, which no partition will take (partition_clean_default, 00017).
+SELECT partition_clean_default(@parent::text, @key::text, @n::integer, NULL)::integer AS deleted;
+
+-- name: CleanSentDefault :one
+-- CleanDefault of the outbox, once every row below the floor was sent more
+-- than @retention ago (outbox_all_sent), on the database clock.
+SELECT partition_clean_default(@parent::text, @key::text, @n::integer, now() - @retention::interval)::integer AS deleted;

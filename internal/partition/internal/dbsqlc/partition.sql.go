@@ -12,6 +12,50 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const cleanDefault = `-- name: CleanDefault :one
+SELECT partition_clean_default($1::text, $2::text, $3::integer, NULL)::integer AS deleted
+`
+
+type CleanDefaultParams struct {
+	Parent string
+	Key    string
+	N      int32
+}
+
+// Deletes at most @n rows of the DEFAULT partition of @parent below its
+// floor, which no partition will take (partition_clean_default, 00017).
+func (q *Queries) CleanDefault(ctx context.Context, db DBTX, arg CleanDefaultParams) (int32, error) {
+	row := db.QueryRow(ctx, cleanDefault, arg.Parent, arg.Key, arg.N)
+	var deleted int32
+	err := row.Scan(&deleted)
+	return deleted, err
+}
+
+const cleanSentDefault = `-- name: CleanSentDefault :one
+SELECT partition_clean_default($1::text, $2::text, $3::integer, now() - $4::interval)::integer AS deleted
+`
+
+type CleanSentDefaultParams struct {
+	Parent    string
+	Key       string
+	N         int32
+	Retention pgtype.Interval
+}
+
+// CleanDefault of the outbox, once every row below the floor was sent more
+// than @retention ago (outbox_all_sent), on the database clock.
+func (q *Queries) CleanSentDefault(ctx context.Context, db DBTX, arg CleanSentDefaultParams) (int32, error) {
+	row := db.QueryRow(ctx, cleanSentDefault,
+		arg.Parent,
+		arg.Key,
+		arg.N,
+		arg.Retention,
+	)
+	var deleted int32
+	err := row.Scan(&deleted)
+	return deleted, err
+}
+
 const createPartition = `-- name: CreatePartition :one
 SELECT partition_create($1::text, $2::text, $3::timestamptz, $4::timestamptz, $5::text, $6::boolean) AS created
 `
