@@ -12,22 +12,18 @@ import (
 )
 
 // A partition missing between two others (dropped by hand) is made again
-// by the next round, with its bounds; one of the past that is beyond the
-// retention is not.
+// by the next round, with its bounds.
 func TestAMissingPartitionInTheMiddleIsRefilled(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
 	ctx := t.Context()
 	now := time.Now()
-	in := partition.InboxTable(time.Hour, 48*time.Hour, 5*time.Minute)
-	m := partition.New(e.db.Pool, partition.Config{Tables: []partition.Table{in}, Now: func() time.Time { return now }}, e.logger)
-	_, err := m.Maintain(ctx, in)
-	require.NoError(t, err)
+	m, in := e.hourlyInbox(t, now)
 	var part string
 	var lo, hi time.Time
 	require.NoError(t, e.db.Pool.QueryRow(ctx, `SELECT name, lo, hi FROM partitions_of('processed_events')
 		WHERE NOT is_default AND lo > $1 ORDER BY lo LIMIT 1 OFFSET 2`, now).Scan(&part, &lo, &hi))
-	_, err = e.db.Pool.Exec(ctx, `DROP TABLE `+pgx.Identifier{part}.Sanitize())
+	_, err := e.db.Pool.Exec(ctx, `DROP TABLE `+pgx.Identifier{part}.Sanitize())
 	require.NoError(t, err)
 
 	res, err := m.Maintain(ctx, in)
@@ -83,14 +79,11 @@ func TestDefaultRowsBelowTheFloorAreCleaned(t *testing.T) {
 	e := setup(t, nil)
 	ctx := t.Context()
 	now := time.Now()
-	in := partition.InboxTable(time.Hour, 48*time.Hour, 5*time.Minute)
-	m := partition.New(e.db.Pool, partition.Config{Tables: []partition.Table{in}, Now: func() time.Time { return now }}, e.logger)
-	_, err := m.Maintain(ctx, in)
-	require.NoError(t, err)
+	m, in := e.hourlyInbox(t, now)
 	e.dropLegacyPartition(t) // the floor rises to where the migration's partition ended
 
 	tx := testenv.Begin(t, e.db.Pool)
-	_, err = tx.Exec(ctx, `SELECT set_config('onceflow.claim_past_retention', 'on', true)`) // as a forced replay
+	_, err := tx.Exec(ctx, `SELECT set_config('onceflow.claim_past_retention', 'on', true)`) // as a forced replay
 	require.NoError(t, err)
 	for _, at := range []time.Time{now.Add(-72 * time.Hour), now.Add(-71 * time.Hour), now.Add(30 * time.Hour)} {
 		_, err = tx.Exec(ctx, `INSERT INTO processed_events (consumer, event_id, event_type, event_time, stream_seq, minted_at)
@@ -104,4 +97,15 @@ func TestDefaultRowsBelowTheFloorAreCleaned(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, res.Cleaned)
 	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM processed_events_default WHERE minted_at > now()`))
+}
+
+// hourlyInbox returns a maintainer of processed_events in hourly
+// partitions on the clock now, after its first round.
+func (e *env) hourlyInbox(t *testing.T, now time.Time) (*partition.Maintainer, partition.Table) {
+	t.Helper()
+	in := partition.InboxTable(time.Hour, 48*time.Hour, 5*time.Minute)
+	m := partition.New(e.db.Pool, partition.Config{Tables: []partition.Table{in}, Now: func() time.Time { return now }}, e.logger)
+	_, err := m.Maintain(t.Context(), in)
+	require.NoError(t, err)
+	return m, in
 }
