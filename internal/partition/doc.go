@@ -22,10 +22,43 @@
 // (outbox_all_sent: the relay's position, and its position as of the
 // window's start, cover every row), checked before the lock and again
 // under it, in a READ COMMITTED transaction; the relay's positions older
-// than the window are pruned in the same round. Rows that arrive before
-// their partition exists (a new database, a maintenance that fell behind)
-// wait in the table's DEFAULT partition and are moved into their
-// partition when it is made.
+// than the window are pruned in the same round.
+//
+// Rows that arrive before their partition exists (a new database, a
+// maintenance kept from its locks for hours, an event from a clock far
+// ahead) wait in the table's DEFAULT partition and are moved into their
+// partition when it is made: under the DEFAULT partition's lock when it
+// is small (a few hundred kB, a few ms), else in batches that hold no lock
+// a writer waits behind (db/migrations/platform/00017): the partition's
+// table is made unattached, the DEFAULT partition made to refuse rows of
+// its range, the range's rows moved a batch a transaction, and the table
+// attached with checks that spare the ATTACH any scan. While they move:
+//
+//   - A row of processed_events is seen by every claim of its event or
+//     the claim is refused: from the moment the first batch may take a
+//     row out of sight, a claim of the range fails in its statement
+//     (check_violation, 23514), which the inbox rolls back and retries
+//     with a delay like any transient failure, so a duplicate is never
+//     claimed a second time.
+//   - A row of the outbox the relay has not sent stays in sight of its
+//     claim: only rows its position covers are moved, the unsent ones wait
+//     for the relay, and at most a batch of them is moved by the ATTACH's
+//     transaction, which holds the DEFAULT partition's lock for that.
+//     Producers' rows of the range are refused (23514) while it moves;
+//     only a range written while the maintenance was hours behind moves.
+//     A redrive that runs during a move does not see the sent rows out of
+//     sight, and republishes them no more.
+//   - Writers of other ranges wait at most the lock timeout and a catalog
+//     change; no step scans a table under a lock a writer waits for, and
+//     no step's length grows with the rows to move but a batch's.
+//
+// A round also makes again a partition missing between two others (one
+// dropped by hand), unless it is past the retention or below the floor
+// (below, where claims are refused, a partition would admit again events
+// whose claims went with a dropped one), and deletes, a batch a
+// transaction, the rows of a DEFAULT partition below the floor, which no
+// partition will take: in the outbox only once every row below the floor
+// was sent longer than the re-drive window ago.
 //
 // The inbox may drop a partition because its consumers refuse an event
 // older than the retention (inbox.Config.Retention; Table.Retention of
@@ -33,5 +66,7 @@
 // claim refuses an event older than the oldest partition: partition_create
 // and partition_drop keep that floor (partition_floor, in 00014) in the
 // transaction that attaches or detaches, so replicas whose retentions
-// differ agree on it.
+// differ agree on it. The floor rises to the upper bound of the partition
+// dropped (00017), not past a gap above it, which may be within the
+// retention.
 package partition

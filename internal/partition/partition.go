@@ -124,6 +124,7 @@ type Result struct {
 	Created int // partitions added
 	Dropped int // partitions dropped
 	Kept    int // outbox partitions past retention kept for unsent or recently sent rows
+	Cleaned int // rows deleted from the DEFAULT partition below the floor, which no partition takes
 	// Partitions is how many partitions the table has after the round, its
 	// DEFAULT partition included, and Until the upper bound of the last
 	// one: also after a round that failed, unless it failed before it
@@ -221,8 +222,12 @@ func (m *Maintainer) maintain(ctx context.Context, t Table) (Result, error) {
 		return res, fmt.Errorf("list partitions of %s: %w", t.Name, err)
 	}
 	res.Partitions, res.Until = len(parts), lastBound(parts)
+	floor, err := m.queries.PartitionFloor(ctx, m.pool, t.Name)
+	if err != nil {
+		return res, fmt.Errorf("read the floor of %s: %w", t.Name, err)
+	}
 	now := m.cfg.Now()
-	for _, r := range missing(t, parts, now) {
+	for _, r := range missing(t, parts, floor, now) {
 		ok, err := m.create(ctx, t, r, now)
 		if err != nil {
 			return res, err
@@ -230,7 +235,9 @@ func (m *Maintainer) maintain(ctx context.Context, t Table) (Result, error) {
 		if ok {
 			res.Created++
 			res.Partitions++
-			res.Until = r.hi
+			if r.hi.After(res.Until) {
+				res.Until = r.hi
+			}
 		}
 	}
 	for _, p := range expired(t, parts, now) {
@@ -252,6 +259,11 @@ func (m *Maintainer) maintain(ctx context.Context, t Table) (Result, error) {
 			return res, err
 		}
 	}
+	cleaned, err := m.cleanDefault(ctx, t)
+	res.Cleaned = cleaned
+	if err != nil {
+		return res, err
+	}
 	if t.SentOnly {
 		if err := m.prunePositions(ctx, t); err != nil {
 			return res, err
@@ -262,6 +274,9 @@ func (m *Maintainer) maintain(ctx context.Context, t Table) (Result, error) {
 
 // create makes the partition r of t (false: it existed).
 func (m *Maintainer) create(ctx context.Context, t Table, r span, now time.Time) (bool, error) {
+	if err := m.prepare(ctx, t, r); err != nil {
+		return false, fmt.Errorf("prepare partition of %s from %s: %w", t.Name, r.lo.Format(time.RFC3339), err)
+	}
 	ok, err := m.step(ctx, t.Name, "create", func(lockTimeout string) (bool, error) {
 		return m.queries.CreatePartition(ctx, m.pool, dbsqlc.CreatePartitionParams{
 			Parent: t.Name, Key: t.Key, Lo: r.lo, Hi: r.hi, LockTimeout: lockTimeout,
@@ -356,16 +371,19 @@ func (m *Maintainer) step(ctx context.Context, table, op string, run func(lockTi
 // span is a partition's range [lo, hi).
 type span struct{ lo, hi time.Time }
 
-// missing is the partitions to add to t so that they reach t.Reach() past
-// the clock: from the upper bound of the last partition on, in steps
-// aligned on the interval. A gap since the last partition older than
-// an interval (a database migrated long before its maintenance first ran)
-// is covered by one partition up to the current interval.
-func missing(t Table, parts []dbsqlc.PartitionsRow, now time.Time) []span {
+// missing is the partitions to add to t: those of a gap between two
+// partitions (one dropped by hand) that is not past the retention nor below
+// the floor (where claims are refused: a partition there would admit
+// events whose claims were dropped), and those that make the partitions reach
+// t.Reach() past the clock: from the upper bound of the last partition on,
+// in steps aligned on the interval. A gap since the last partition older
+// than an interval (a database migrated long before its maintenance first
+// ran) is covered by one partition up to the current interval.
+func missing(t Table, parts []dbsqlc.PartitionsRow, floor, now time.Time) []span {
 	until := now.Add(t.Reach())
 	from := now.Truncate(t.Interval)
 	last := lastBound(parts)
-	var spans []span
+	spans := gaps(t, parts, floor, now)
 	switch {
 	case last.IsZero():
 	case last.Before(from):
@@ -373,12 +391,49 @@ func missing(t Table, parts []dbsqlc.PartitionsRow, now time.Time) []span {
 	default:
 		from = last
 	}
+	return append(spans, steps(t, from, until)...)
+}
+
+// steps is [from, until) in partitions aligned on the interval of t, the
+// last of which may end after until.
+func steps(t Table, from, until time.Time) []span {
+	var spans []span
 	for lo := from; lo.Before(until); {
 		hi := lo.Truncate(t.Interval).Add(t.Interval)
 		spans = append(spans, span{lo, hi})
 		lo = hi
 	}
 	return spans
+}
+
+// gaps is the partitions missing between those of t (parts, in the order of
+// their bounds), but those past the retention, which would go at once, and
+// those below the floor.
+func gaps(t Table, parts []dbsqlc.PartitionsRow, floor, now time.Time) []span {
+	var spans []span
+	var prev time.Time
+	for _, p := range parts {
+		if p.IsDefault {
+			continue
+		}
+		if !prev.IsZero() && p.Lo.After(prev) {
+			for _, r := range steps(t, prev, p.Lo) {
+				r.hi = minTime(r.hi, p.Lo)
+				if r.hi.After(now.Add(-t.Retention)) && !r.lo.Before(floor) {
+					spans = append(spans, r)
+				}
+			}
+		}
+		prev = p.Hi
+	}
+	return spans
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // lastBound is the upper bound of the last of parts but DEFAULT; zero if

@@ -198,14 +198,19 @@ func (e *env) requireDeadLettered(t *testing.T, c *inbox.Consumer, ev event.Enve
 }
 
 // detachLowest detaches the lowest partition of processed_events but
-// DEFAULT, and returns its name: a leftover a drop leaves when its process
-// stops between the detach and the drop.
+// DEFAULT and the migration's, and raises the floor past it, as
+// partition_drop does in the same transaction, and returns its name: a
+// leftover a drop leaves when its process stops between the detach and the
+// drop.
 func (e *env) detachLowest(t *testing.T) string {
 	t.Helper()
 	var part string
+	var hi time.Time
 	require.NoError(t, e.db.Pool.QueryRow(t.Context(),
-		`SELECT name FROM partitions_of('processed_events') WHERE NOT is_default ORDER BY lo LIMIT 1`).Scan(&part))
+		`SELECT name, hi FROM partitions_of('processed_events') WHERE NOT is_default ORDER BY lo LIMIT 1`).Scan(&part, &hi))
 	_, err := e.db.Pool.Exec(t.Context(), `ALTER TABLE processed_events DETACH PARTITION `+pgx.Identifier{part}.Sanitize())
+	require.NoError(t, err)
+	_, err = e.db.Pool.Exec(t.Context(), `SELECT partition_floor_raise('processed_events', $1)`, hi)
 	require.NoError(t, err)
 	return part
 }

@@ -52,3 +52,46 @@ WHERE b.id < (
                               9223372036854775807))
   AND b.id <> coalesce((SELECT max(c.id) FROM outbox_batch c
                         WHERE c.epoch = (SELECT coalesce(max(r.id), 0) FROM outbox_redrive r)), 0);
+
+-- name: DefaultLarger :one
+-- Whether the DEFAULT partition of @parent takes more than @bytes on disk
+-- (rows, or the dead tuples of rows moved out): then a partition is made in
+-- steps (MoveBegin, MoveBatch, MoveValidate, CreatePartition), so that no
+-- ATTACH scans DEFAULT or moves rows under its lock (00017).
+SELECT partition_default_larger(@parent::text, @bytes::bigint) AS larger;
+
+-- name: MoveBegin :one
+-- Creates the table of the partition [@lo, @hi) of @parent unattached and
+-- makes the DEFAULT partition refuse rows of the range (a CHECK NOT VALID,
+-- named as the table): partition_move_begin in 00017. False: the partition
+-- exists.
+SELECT partition_move_begin(@parent::text, @key::text, @lo::timestamptz, @hi::timestamptz, @lock_timeout::text) AS begun;
+
+-- name: MoveBatch :one
+-- Moves at most @n rows of [@lo, @hi) from the DEFAULT partition of
+-- @parent into the table MoveBegin made, in the outbox (@sent_only) only
+-- rows the relay's position covers, in this statement's transaction; and
+-- counts the rows of the range left in DEFAULT, up to @n + 1.
+SELECT m.moved::integer AS moved, m.left_behind::integer AS left_behind
+FROM partition_move_batch(@parent::text, @key::text, @lo::timestamptz, @hi::timestamptz, @n::integer, @sent_only::boolean) AS m;
+
+-- name: MoveValidate :exec
+-- Validates the DEFAULT partition's CHECK that MoveBegin added, under a
+-- lock no writer waits for, so that the ATTACH of the partition starting
+-- at @lo does not scan DEFAULT.
+SELECT partition_move_validate(@parent::text, @lo::timestamptz, @lock_timeout::text);
+
+-- name: PartitionFloor :one
+-- The floor of @parent (partition_floor, 00014): no partition is made
+-- below it, where the claim refuses events. The epoch stands for none.
+SELECT greatest(coalesce((SELECT f.lo FROM partition_floor f WHERE f.parent = @parent::text), 'epoch'), 'epoch')::timestamptz AS floor;
+
+-- name: CleanDefault :one
+-- Deletes at most @n rows of the DEFAULT partition of @parent below its
+-- floor, which no partition will take (partition_clean_default, 00017).
+SELECT partition_clean_default(@parent::text, @key::text, @n::integer, NULL)::integer AS deleted;
+
+-- name: CleanSentDefault :one
+-- CleanDefault of the outbox, once every row below the floor was sent more
+-- than @retention ago (outbox_all_sent), on the database clock.
+SELECT partition_clean_default(@parent::text, @key::text, @n::integer, now() - @retention::interval)::integer AS deleted;

@@ -12,6 +12,50 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const cleanDefault = `-- name: CleanDefault :one
+SELECT partition_clean_default($1::text, $2::text, $3::integer, NULL)::integer AS deleted
+`
+
+type CleanDefaultParams struct {
+	Parent string
+	Key    string
+	N      int32
+}
+
+// Deletes at most @n rows of the DEFAULT partition of @parent below its
+// floor, which no partition will take (partition_clean_default, 00017).
+func (q *Queries) CleanDefault(ctx context.Context, db DBTX, arg CleanDefaultParams) (int32, error) {
+	row := db.QueryRow(ctx, cleanDefault, arg.Parent, arg.Key, arg.N)
+	var deleted int32
+	err := row.Scan(&deleted)
+	return deleted, err
+}
+
+const cleanSentDefault = `-- name: CleanSentDefault :one
+SELECT partition_clean_default($1::text, $2::text, $3::integer, now() - $4::interval)::integer AS deleted
+`
+
+type CleanSentDefaultParams struct {
+	Parent    string
+	Key       string
+	N         int32
+	Retention pgtype.Interval
+}
+
+// CleanDefault of the outbox, once every row below the floor was sent more
+// than @retention ago (outbox_all_sent), on the database clock.
+func (q *Queries) CleanSentDefault(ctx context.Context, db DBTX, arg CleanSentDefaultParams) (int32, error) {
+	row := db.QueryRow(ctx, cleanSentDefault,
+		arg.Parent,
+		arg.Key,
+		arg.N,
+		arg.Retention,
+	)
+	var deleted int32
+	err := row.Scan(&deleted)
+	return deleted, err
+}
+
 const createPartition = `-- name: CreatePartition :one
 SELECT partition_create($1::text, $2::text, $3::timestamptz, $4::timestamptz, $5::text, $6::boolean) AS created
 `
@@ -42,6 +86,26 @@ func (q *Queries) CreatePartition(ctx context.Context, db DBTX, arg CreatePartit
 	var created bool
 	err := row.Scan(&created)
 	return created, err
+}
+
+const defaultLarger = `-- name: DefaultLarger :one
+SELECT partition_default_larger($1::text, $2::bigint) AS larger
+`
+
+type DefaultLargerParams struct {
+	Parent string
+	Bytes  int64
+}
+
+// Whether the DEFAULT partition of @parent takes more than @bytes on disk
+// (rows, or the dead tuples of rows moved out): then a partition is made in
+// steps (MoveBegin, MoveBatch, MoveValidate, CreatePartition), so that no
+// ATTACH scans DEFAULT or moves rows under its lock (00017).
+func (q *Queries) DefaultLarger(ctx context.Context, db DBTX, arg DefaultLargerParams) (bool, error) {
+	row := db.QueryRow(ctx, defaultLarger, arg.Parent, arg.Bytes)
+	var larger bool
+	err := row.Scan(&larger)
+	return larger, err
 }
 
 const dropDetached = `-- name: DropDetached :one
@@ -117,6 +181,103 @@ func (q *Queries) DropSentPartition(ctx context.Context, db DBTX, arg DropSentPa
 	var dropped bool
 	err := row.Scan(&dropped)
 	return dropped, err
+}
+
+const moveBatch = `-- name: MoveBatch :one
+SELECT m.moved::integer AS moved, m.left_behind::integer AS left_behind
+FROM partition_move_batch($1::text, $2::text, $3::timestamptz, $4::timestamptz, $5::integer, $6::boolean) AS m
+`
+
+type MoveBatchParams struct {
+	Parent   string
+	Key      string
+	Lo       time.Time
+	Hi       time.Time
+	N        int32
+	SentOnly bool
+}
+
+type MoveBatchRow struct {
+	Moved      int32
+	LeftBehind int32
+}
+
+// Moves at most @n rows of [@lo, @hi) from the DEFAULT partition of
+// @parent into the table MoveBegin made, in the outbox (@sent_only) only
+// rows the relay's position covers, in this statement's transaction; and
+// counts the rows of the range left in DEFAULT, up to @n + 1.
+func (q *Queries) MoveBatch(ctx context.Context, db DBTX, arg MoveBatchParams) (MoveBatchRow, error) {
+	row := db.QueryRow(ctx, moveBatch,
+		arg.Parent,
+		arg.Key,
+		arg.Lo,
+		arg.Hi,
+		arg.N,
+		arg.SentOnly,
+	)
+	var i MoveBatchRow
+	err := row.Scan(&i.Moved, &i.LeftBehind)
+	return i, err
+}
+
+const moveBegin = `-- name: MoveBegin :one
+SELECT partition_move_begin($1::text, $2::text, $3::timestamptz, $4::timestamptz, $5::text) AS begun
+`
+
+type MoveBeginParams struct {
+	Parent      string
+	Key         string
+	Lo          time.Time
+	Hi          time.Time
+	LockTimeout string
+}
+
+// Creates the table of the partition [@lo, @hi) of @parent unattached and
+// makes the DEFAULT partition refuse rows of the range (a CHECK NOT VALID,
+// named as the table): partition_move_begin in 00017. False: the partition
+// exists.
+func (q *Queries) MoveBegin(ctx context.Context, db DBTX, arg MoveBeginParams) (bool, error) {
+	row := db.QueryRow(ctx, moveBegin,
+		arg.Parent,
+		arg.Key,
+		arg.Lo,
+		arg.Hi,
+		arg.LockTimeout,
+	)
+	var begun bool
+	err := row.Scan(&begun)
+	return begun, err
+}
+
+const moveValidate = `-- name: MoveValidate :exec
+SELECT partition_move_validate($1::text, $2::timestamptz, $3::text)
+`
+
+type MoveValidateParams struct {
+	Parent      string
+	Lo          time.Time
+	LockTimeout string
+}
+
+// Validates the DEFAULT partition's CHECK that MoveBegin added, under a
+// lock no writer waits for, so that the ATTACH of the partition starting
+// at @lo does not scan DEFAULT.
+func (q *Queries) MoveValidate(ctx context.Context, db DBTX, arg MoveValidateParams) error {
+	_, err := db.Exec(ctx, moveValidate, arg.Parent, arg.Lo, arg.LockTimeout)
+	return err
+}
+
+const partitionFloor = `-- name: PartitionFloor :one
+SELECT greatest(coalesce((SELECT f.lo FROM partition_floor f WHERE f.parent = $1::text), 'epoch'), 'epoch')::timestamptz AS floor
+`
+
+// The floor of @parent (partition_floor, 00014): no partition is made
+// below it, where the claim refuses events. The epoch stands for none.
+func (q *Queries) PartitionFloor(ctx context.Context, db DBTX, parent string) (time.Time, error) {
+	row := db.QueryRow(ctx, partitionFloor, parent)
+	var floor time.Time
+	err := row.Scan(&floor)
+	return floor, err
 }
 
 const partitions = `-- name: Partitions :many
