@@ -159,7 +159,7 @@ func (c *conns) close() {
 }
 
 // connect opens the service's pool and migrates its schema, then connects to
-// NATS and provisions the saga's streams and durables.
+// NATS; the saga's streams and durables are `onceflow provision`'s.
 func connect(ctx context.Context, name string, cfg Config, logger *slog.Logger) (_ *conns, err error) {
 	c := &conns{}
 	defer func() {

@@ -1,10 +1,11 @@
 // Package app runs one onceflow service: it reads the configuration every
-// service shares, migrates the service's database, provisions the JetStream
-// topology, and runs the service's inbox consumers, its outbox relay, the
-// partition maintenance of its inbox and outbox (package partition), the
-// idempotency keys' cleaner and its HTTP server until the context ends — then stops in the
-// order that loses nothing: stop consuming and serving, finish in-flight
-// work, flush the outbox, close the connections.
+// service shares, migrates the service's database, waits for its JetStream
+// durables (which `onceflow provision` creates), and runs the service's
+// inbox consumers, its outbox relay, the partition maintenance of its inbox
+// and outbox (package partition), the idempotency keys' cleaner and its
+// HTTP server until the context ends — then stops in the order that loses
+// nothing: stop consuming and serving, finish in-flight work, flush the
+// outbox, close the connections.
 //
 // A service supplies only what is its own (Spec): handlers per subscription,
 // HTTP routes and any extra background loop.
