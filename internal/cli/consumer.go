@@ -45,21 +45,26 @@ func runConsumer(ctx context.Context, inv invocation, args []string) error {
 			"Run with the operator's credentials (NATS_URL, NATS_CREDS).\n", consumerUsage, defaultPause, maxPause)
 		return nil
 	}
-	if len(args) < 2 || (args[0] != "pause" && args[0] != "resume") {
+	if len(args) == 0 || (args[0] != "pause" && args[0] != "resume") {
 		return fmt.Errorf("consumer: want 'onceflow consumer %s' (see 'onceflow consumer -h')", consumerUsage)
 	}
-	verb, durable := args[0], args[1]
+	verb := args[0]
 	fs := flagSet("consumer "+verb, "DURABLE [flags]", "Pause or resume a durable of the saga.")
 	pauseFor := fs.Duration("for", defaultPause, "how long the pause lasts at most (at most "+maxPause.String()+")")
-	if err := parse(fs, args[2:], inv.stdout); err != nil {
+	// Flags may come before or after the durable: 'pause -h' asks for help.
+	positional, err := parseMixed(fs, args[1:], inv.stdout)
+	if err != nil {
 		return helped(err)
 	}
 	switch {
-	case fs.NArg() > 0:
+	case len(positional) == 0:
+		return usageError(fs, "want the durable to "+verb)
+	case len(positional) > 1:
 		return usageError(fs, "unexpected arguments after the durable")
 	case *pauseFor <= 0 || *pauseFor > maxPause:
 		return usageError(fs, fmt.Sprintf("--for must be more than 0 and at most %s", maxPause))
 	}
+	durable := positional[0]
 	consumers := streams.Saga(streams.Config{}).Consumers
 	i := slices.IndexFunc(consumers, func(c streams.Consumer) bool { return c.Durable == durable })
 	if i < 0 {

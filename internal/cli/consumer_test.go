@@ -56,6 +56,15 @@ func TestConsumerPauseAndResume(t *testing.T) {
 		ok, _ = paused()
 		require.False(t, ok, "--for %s paused nothing", d)
 	}
+	// Help after the verb is help, not a durable named "-h"; flags may
+	// come before the durable.
+	stdout, _, err = run(t, "consumer", "pause", "-h")
+	require.NoError(t, err)
+	require.Contains(t, stdout, "-for")
+	_, _, err = run(t, "consumer", "pause")
+	require.ErrorContains(t, err, "want the durable to pause")
+	_, _, err = run(t, "consumer", "pause", "--for", "0s", streams.InventoryPayments)
+	require.ErrorContains(t, err, "--for must be more than 0")
 	_, _, err = run(t, "consumer", "stop", streams.InventoryPayments)
 	require.ErrorContains(t, err, "want 'onceflow consumer pause DURABLE")
 }
