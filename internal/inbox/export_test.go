@@ -17,8 +17,18 @@ func (c *Consumer) SetSkipAck(skip func(event.Envelope) bool) {
 // that dies while processing it would. A delivery past the consumer's
 // budget runs no handler and is settled all the same. Call it before Run.
 func (c *Consumer) SetSkipSettle(skip func(event.Envelope) bool) {
-	c.skipSettle = func(ev event.Envelope, _ Outcome) bool { return skip(ev) }
+	c.skipSettle = func(ev event.Envelope, o Outcome) bool { return !deadLettering(o) && skip(ev) }
 }
+
+// SetSkipTerm makes c skip the term of a message it dead-lettered, for
+// which skip returns true, as a term lost on its way or a crash between the
+// DLQ's copy and the term would: the server delivers it again. Call it
+// before Run.
+func (c *Consumer) SetSkipTerm(skip func(event.Envelope) bool) {
+	c.skipSettle = func(ev event.Envelope, o Outcome) bool { return deadLettering(o) && skip(ev) }
+}
+
+func deadLettering(o Outcome) bool { return o == OutcomeDeadLettered || o == OutcomeExhausted }
 
 // SetDecoder replaces how c reads a message's envelope (event.FromMsg), so
 // that a test can make the decoder panic. Call it before Run.

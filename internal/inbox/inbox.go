@@ -147,7 +147,7 @@ func (cfg Config) validate() error {
 // Stats counts what a Consumer did with the messages it received.
 type Stats struct {
 	Processed    int64 // handled and committed
-	Duplicates   int64 // already processed, acked without calling the handler
+	Duplicates   int64 // already processed (acked) or dead-lettered (terminated), without calling the handler again
 	DeadLettered int64 // copied to the DLQ and terminated
 	Retried      int64 // naked for a redelivery
 }

@@ -20,7 +20,7 @@ type Outcome string
 // The outcomes an Observer is told of.
 const (
 	OutcomeProcessed    Outcome = "processed"     // committed and acked
-	OutcomeDuplicate    Outcome = "duplicate"     // processed before; acked without the handler
+	OutcomeDuplicate    Outcome = "duplicate"     // processed (acked) or dead-lettered (terminated) before
 	OutcomeRetried      Outcome = "retried"       // naked for a redelivery
 	OutcomeDeadLettered Outcome = "dead_lettered" // copied to the DLQ and terminated
 	// OutcomeDeadLetterRefused is a copy to the DLQ that was refused (the

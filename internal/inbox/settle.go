@@ -104,13 +104,20 @@ func nakDelay(base time.Duration, delivered uint64) time.Duration {
 // redelivers it however often it was delivered (exhausted.go).
 func (c *Consumer) deadLetter(ctx context.Context, d *delivery, outcome Outcome, reason string) Outcome {
 	dlq := c.dlqMsg(d.msg.Headers(), d.msg.Data(), d.msg.Subject(), d.meta.Stream, d.meta.Sequence.Stream, d.meta.NumDelivered, reason)
-	if !c.publishDeadLetter(ctx, d, dlq) {
+	stored, dup := c.publishDeadLetter(ctx, d, dlq)
+	if !stored {
 		return OutcomeRetried
+	}
+	if dup {
+		return c.alreadyDeadLettered(ctx, d)
 	}
 	c.deadLettered.Add(1)
 	c.cfg.Observer.Settled(d.ev, outcome, d.meta.NumDelivered)
 	c.eventLogger(d).WarnContext(ctx, "message dead-lettered",
 		"subject", d.msg.Subject(), "stream_seq", d.meta.Sequence.Stream, "deliveries", d.meta.NumDelivered, "reason", reason)
+	if c.skipSettle != nil && c.skipSettle(d.ev, outcome) {
+		return outcome // as if the term was lost
+	}
 	if err := d.msg.TermWithReason("dead-lettered"); err != nil {
 		c.logger.WarnContext(ctx, "term failed; the redelivery will be dead-lettered again and deduplicated",
 			"stream_seq", d.meta.Sequence.Stream, "err", err)
@@ -118,22 +125,40 @@ func (c *Consumer) deadLetter(ctx context.Context, d *delivery, outcome Outcome,
 	return outcome
 }
 
+// alreadyDeadLettered terminates d's message, whose copy the DLQ dropped
+// as a duplicate (its message id): an earlier delivery dead-lettered it —
+// its term was lost, its process died before the term, or the server
+// redelivered it while that delivery waited in hand past its ack wait —
+// and counted it. Counted again, one message would be dead-lettered twice.
+func (c *Consumer) alreadyDeadLettered(ctx context.Context, d *delivery) Outcome {
+	c.duplicates.Add(1)
+	c.cfg.Observer.Settled(d.ev, OutcomeDuplicate, d.meta.NumDelivered)
+	c.logger.DebugContext(ctx, "already dead-lettered; duplicate dropped", "event_id", d.ev.ID, "stream_seq", d.meta.Sequence.Stream)
+	if err := d.msg.TermWithReason("dead-lettered"); err != nil {
+		c.logger.WarnContext(ctx, "term failed; the redelivery will be dropped as a duplicate again",
+			"stream_seq", d.meta.Sequence.Stream, "err", err)
+	}
+	return OutcomeDuplicate
+}
+
 // HeaderDLQBodyDropped is the size of a body too large for the DLQ: the
 // entry holds its headers only, and a replay re-reads the original.
 const HeaderDLQBodyDropped = "Onceflow-Dlq-Body-Dropped"
 
-// publishDeadLetter stores dlq, and reports whether it did. A refusal is
-// logged and counted (OutcomeDeadLetterRefused) and the message naked with
-// the usual back-off, to be dead-lettered again on its next delivery.
-func (c *Consumer) publishDeadLetter(ctx context.Context, d *delivery, dlq *nats.Msg) bool {
-	_, err := c.js.PublishMsg(ctx, dlq)
+// publishDeadLetter stores dlq, and reports whether the DLQ holds it, and
+// whether it held it already (dup: the DLQ dropped this copy by its message
+// id). A refusal is logged and counted (OutcomeDeadLetterRefused) and the
+// message naked with the usual back-off, to be dead-lettered again on its
+// next delivery.
+func (c *Consumer) publishDeadLetter(ctx context.Context, d *delivery, dlq *nats.Msg) (stored, dup bool) {
+	ack, err := c.js.PublishMsg(ctx, dlq)
 	if errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) && dlq.Data != nil {
 		dlq.Header.Set(HeaderDLQBodyDropped, strconv.Itoa(len(dlq.Data)))
 		dlq.Data = nil
-		_, err = c.js.PublishMsg(ctx, dlq)
+		ack, err = c.js.PublishMsg(ctx, dlq)
 	}
 	if err == nil {
-		return true
+		return true, ack.Duplicate
 	}
 	c.cfg.Observer.Settled(d.ev, OutcomeDeadLetterRefused, d.meta.NumDelivered)
 	c.eventLogger(d).ErrorContext(ctx, "dead-lettering refused; retrying",
@@ -142,7 +167,7 @@ func (c *Consumer) publishDeadLetter(ctx context.Context, d *delivery, dlq *nats
 		c.logger.WarnContext(ctx, "nak failed; the message will be redelivered after the ack wait",
 			"stream_seq", d.meta.Sequence.Stream, "err", err)
 	}
-	return false
+	return false, false
 }
 
 // dlqMsg is the DLQ copy of the message with headers orig and data,
