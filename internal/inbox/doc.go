@@ -47,8 +47,11 @@
 //     was stored; if the copy is refused (NATS fails, or the durable's
 //     budget in the DLQ is spent) it is logged, counted
 //     (OutcomeDeadLetterRefused) and the message naked, to be
-//     dead-lettered again on its next delivery. A body too large for the
-//     DLQ is left out of the copy (HeaderDLQBodyDropped): the original
+//     dead-lettered again on its next delivery. A message is dead-lettered
+//     once however often it is delivered: a delivery whose copy the DLQ
+//     drops as a duplicate (its message id, within the DLQ's duplicate
+//     window) is terminated and counted a duplicate. A body too large for
+//     the DLQ is left out of the copy (HeaderDLQBodyDropped): the original
 //     keeps it.
 //   - One bad message never stops the consumer, and fails only itself. A
 //     handler or decoder that panics has failed: its transaction rolls

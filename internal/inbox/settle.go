@@ -98,7 +98,8 @@ func nakDelay(base time.Duration, delivered uint64) time.Duration {
 }
 
 // deadLetter copies d's message to the DLQ with the reason, then terminates
-// it, and reports outcome (OutcomeDeadLettered, or OutcomeExhausted). If the
+// it, and reports outcome (OutcomeDeadLettered, or OutcomeExhausted), or
+// OutcomeDuplicate when the DLQ held its copy already. If the
 // copy is refused (the DLQ is unreachable, or the durable's budget there is
 // spent) the message is naked, never dropped uncopied: the server
 // redelivers it however often it was delivered (exhausted.go).
@@ -108,37 +109,28 @@ func (c *Consumer) deadLetter(ctx context.Context, d *delivery, outcome Outcome,
 	if !stored {
 		return OutcomeRetried
 	}
+	settled := outcome
 	if dup {
-		return c.alreadyDeadLettered(ctx, d)
+		// An earlier delivery copied it and was counted: its term was
+		// lost, its process died before the term, or the server delivered
+		// it again while that delivery waited in hand past its ack wait.
+		settled = OutcomeDuplicate
+		c.duplicates.Add(1)
+		c.logger.DebugContext(ctx, "already dead-lettered; duplicate dropped", "event_id", d.ev.ID, "stream_seq", d.meta.Sequence.Stream)
+	} else {
+		c.deadLettered.Add(1)
+		c.eventLogger(d).WarnContext(ctx, "message dead-lettered",
+			"subject", d.msg.Subject(), "stream_seq", d.meta.Sequence.Stream, "deliveries", d.meta.NumDelivered, "reason", reason)
 	}
-	c.deadLettered.Add(1)
-	c.cfg.Observer.Settled(d.ev, outcome, d.meta.NumDelivered)
-	c.eventLogger(d).WarnContext(ctx, "message dead-lettered",
-		"subject", d.msg.Subject(), "stream_seq", d.meta.Sequence.Stream, "deliveries", d.meta.NumDelivered, "reason", reason)
+	c.cfg.Observer.Settled(d.ev, settled, d.meta.NumDelivered)
 	if c.skipSettle != nil && c.skipSettle(d.ev, outcome) {
-		return outcome // as if the term was lost
+		return settled // as if the term was lost
 	}
 	if err := d.msg.TermWithReason("dead-lettered"); err != nil {
-		c.logger.WarnContext(ctx, "term failed; the redelivery will be dead-lettered again and deduplicated",
+		c.logger.WarnContext(ctx, "term failed; the redelivery will find its copy in the DLQ and be dropped as a duplicate",
 			"stream_seq", d.meta.Sequence.Stream, "err", err)
 	}
-	return outcome
-}
-
-// alreadyDeadLettered terminates d's message, whose copy the DLQ dropped
-// as a duplicate (its message id): an earlier delivery dead-lettered it —
-// its term was lost, its process died before the term, or the server
-// redelivered it while that delivery waited in hand past its ack wait —
-// and counted it. Counted again, one message would be dead-lettered twice.
-func (c *Consumer) alreadyDeadLettered(ctx context.Context, d *delivery) Outcome {
-	c.duplicates.Add(1)
-	c.cfg.Observer.Settled(d.ev, OutcomeDuplicate, d.meta.NumDelivered)
-	c.logger.DebugContext(ctx, "already dead-lettered; duplicate dropped", "event_id", d.ev.ID, "stream_seq", d.meta.Sequence.Stream)
-	if err := d.msg.TermWithReason("dead-lettered"); err != nil {
-		c.logger.WarnContext(ctx, "term failed; the redelivery will be dropped as a duplicate again",
-			"stream_seq", d.meta.Sequence.Stream, "err", err)
-	}
-	return OutcomeDuplicate
+	return settled
 }
 
 // HeaderDLQBodyDropped is the size of a body too large for the DLQ: the
