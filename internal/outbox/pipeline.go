@@ -300,10 +300,10 @@ func (r *Relay) pipeline(m *marks, lock sleepOp, slept *int64) *postgres.Pipelin
 	// Queued: the errors are Send's or Then's.
 	switch lock {
 	case goToSleep:
-		_, _ = r.queries.TakeSleepLock(context.Background(), &p, sleepLockKey)
+		_, _ = r.queries.TakeSleepLock(context.Background(), &p)
 		p.CountInto(slept)
 	case wakeUp:
-		_ = r.queries.ReleaseSleepLock(context.Background(), &p, sleepLockKey)
+		_ = r.queries.ReleaseSleepLock(context.Background(), &p)
 	}
 	for _, b := range *m {
 		if b.rows > 0 {

@@ -98,12 +98,12 @@ func TestCommitsNotifyOnlyWhileTheRelaySleeps(t *testing.T) {
 	sleeper, err := f.db.Pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer sleeper.Release()
-	_, err = sleeper.Exec(ctx, "SELECT pg_advisory_lock($1)", outbox.SleepLockKey)
+	_, err = sleeper.Exec(ctx, "SELECT pg_advisory_lock(outbox_sleep_lock_key())")
 	require.NoError(t, err)
 	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 2))
 	require.True(t, notified(), "a commit did not notify the sleeping relay")
 
-	_, err = sleeper.Exec(ctx, "SELECT pg_advisory_unlock($1)", outbox.SleepLockKey)
+	_, err = sleeper.Exec(ctx, "SELECT pg_advisory_unlock(outbox_sleep_lock_key())")
 	require.NoError(t, err)
 	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 3))
 	require.False(t, notified(), "a commit notified after the relay woke")
@@ -711,7 +711,7 @@ func TestRelayStaysAwakeWhileCommitsHoldTheSleepLock(t *testing.T) {
 	held := testenv.Begin(t, f.db.Pool)
 	locked := make(chan error, 1)
 	go func() {
-		_, err := held.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1)", outbox.SleepLockKey)
+		_, err := held.Exec(ctx, "SELECT pg_advisory_xact_lock_shared(outbox_sleep_lock_key())")
 		locked <- err
 	}()
 	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 1))
@@ -753,7 +753,7 @@ func awaitSleep(t *testing.T, db *testenv.Database, trips *roundTrips, n int) in
 			SELECT EXISTS (SELECT FROM pg_locks
 			WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted AND objsubid = 1
 			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			  AND (classid::bigint << 32 | objid::bigint) = $1)`, outbox.SleepLockKey).Scan(&held))
+			  AND (classid::bigint << 32 | objid::bigint) = outbox_sleep_lock_key())`).Scan(&held))
 		return held && len(trips.names()) == len(got)
 	}, 5*time.Second, time.Millisecond, "the relay did not go to sleep: %v", trips)
 	return len(got)
