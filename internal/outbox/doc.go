@@ -106,10 +106,10 @@
 //
 // The relay's code, by concern: reference.go is the relay in its plain
 // form, PublishOne (one row, publish, record), to read first; relay.go holds
-// the relay lock and the run loop; pipeline.go claims, settles and records
-// the batches; sleep.go (with listener.go) sleeps and wakes; publish.go
-// publishes a batch one message at a time or as atomic batches. Example
-// shows the smallest producer.
+// the relay lock and the run loop; batches.go claims the batches, awaits
+// their acks and records them; sleep.go (with listener.go) sleeps and
+// wakes; publish.go publishes a batch one message at a time or as atomic
+// batches. Example shows the smallest producer.
 //
 // Guarantees:
 //
