@@ -90,12 +90,12 @@
 // Waking the relay: a commit that notifies takes a lock that every other
 // notifying commit of the cluster waits for, so commits notify only while the
 // relay sleeps. A relay that found nothing to publish takes the sleep lock,
-// an advisory lock on the session that holds its relay lock, which the
-// outbox trigger takes shared until its commit: the relay gets it only once
-// no commit that inserted rows is in progress, claims once more to publish
-// what those committed, and waits for a notification on its LISTEN session;
-// while it holds the lock, the trigger cannot take it and the commit
-// notifies. The lock is tried in one round trip with that claim (after a
+// an advisory lock (its key is the database's, outbox_sleep_lock_key) on the
+// session that holds its relay lock, which the outbox trigger takes shared
+// until its commit: the relay gets it only once no commit that inserted rows
+// is in progress, claims once more to publish what those committed, and
+// waits for a notification on its LISTEN session; while it holds the lock,
+// the trigger cannot take it and the commit notifies. The lock is tried in one round trip with that claim (after a
 // batch, with the claim that carries its record), which runs either way, and
 // released in one round trip with the first claim after the wake-up: a
 // relay that wakes up for one batch makes two round trips. A relay that is
@@ -106,10 +106,10 @@
 //
 // The relay's code, by concern: reference.go is the relay in its plain
 // form, PublishOne (one row, publish, record), to read first; relay.go holds
-// the relay lock and the run loop; pipeline.go claims, settles and records
-// the batches; sleep.go (with listener.go) sleeps and wakes; publish.go
-// publishes a batch one message at a time or as atomic batches. Example
-// shows the smallest producer.
+// the relay lock and the run loop; batches.go claims the batches, awaits
+// their acks and records them; sleep.go (with listener.go) sleeps and
+// wakes; publish.go publishes a batch one message at a time or as atomic
+// batches. Example shows the smallest producer.
 //
 // Guarantees:
 //

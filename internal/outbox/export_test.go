@@ -12,9 +12,6 @@ func SetAfterPublish(r *Relay, f func() error) { r.afterPublish = f }
 // marked sent and its error. Call it before r is used.
 func SetBatchDone(r *Relay, f func(published int, err error)) { r.batchDone = f }
 
-// SleepLockKey and NotifyChannel are the relay's side of the outbox
-// trigger's protocol.
-const (
-	SleepLockKey  = sleepLockKey
-	NotifyChannel = notifyChannel
-)
+// NotifyChannel is the relay's side of the outbox trigger's protocol (the
+// sleep lock's key is the database's: outbox_sleep_lock_key()).
+const NotifyChannel = notifyChannel

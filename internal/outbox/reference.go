@@ -11,7 +11,7 @@ import (
 )
 
 // PublishOne is the relay's reference loop, the plain form of what a Relay
-// does in a pipeline of batches (pipeline.go): under the relay lock, claim
+// does a batch at a time (batches.go): under the relay lock, claim
 // the oldest unsent row, publish it with its event id as the message id,
 // wait for the broker's ack, and only then record the position that covers
 // it. A crash between the ack and the record publishes the row again, which

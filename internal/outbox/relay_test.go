@@ -98,12 +98,12 @@ func TestCommitsNotifyOnlyWhileTheRelaySleeps(t *testing.T) {
 	sleeper, err := f.db.Pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer sleeper.Release()
-	_, err = sleeper.Exec(ctx, "SELECT pg_advisory_lock($1)", outbox.SleepLockKey)
+	_, err = sleeper.Exec(ctx, "SELECT pg_advisory_lock(outbox_sleep_lock_key())")
 	require.NoError(t, err)
 	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 2))
 	require.True(t, notified(), "a commit did not notify the sleeping relay")
 
-	_, err = sleeper.Exec(ctx, "SELECT pg_advisory_unlock($1)", outbox.SleepLockKey)
+	_, err = sleeper.Exec(ctx, "SELECT pg_advisory_unlock(outbox_sleep_lock_key())")
 	require.NoError(t, err)
 	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 3))
 	require.False(t, notified(), "a commit notified after the relay woke")
@@ -463,7 +463,8 @@ func TestAPublishNoStreamAnsweredIsNotRetriedByTheClient(t *testing.T) {
 func TestPublishFailureMarksOnlyThePrefixSent(t *testing.T) {
 	t.Parallel()
 	// One batch of three; and batches of one, where the failing row's
-	// batch is settled while the batch behind it is already in flight.
+	// batch's acks are awaited while the batch behind it is already in
+	// flight.
 	for _, batchSize := range []int{0, 1} {
 		t.Run(fmt.Sprintf("batch size %d", batchSize), func(t *testing.T) {
 			t.Parallel()
@@ -606,10 +607,10 @@ func TestARefusedAtomicBatchGoesAgainAMessageAtATime(t *testing.T) {
 }
 
 // A batch's mark goes to the database with the next claim, in one round
-// trip: a flush of five batches takes the relay lock, makes seven claims (two
-// ahead, then one after each batch settled, the last two finding nothing)
-// of which five carry a mark, and releases the lock. Marking on their own,
-// it took twelve.
+// trip: a flush of five batches takes the relay lock, makes seven claims
+// (two before any acks, then one after each batch's acks, the last two
+// finding nothing) of which five carry a mark, and releases the lock.
+// Marking on their own, it took twelve.
 func TestFlushSendsEachMarkWithTheNextClaim(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -711,7 +712,7 @@ func TestRelayStaysAwakeWhileCommitsHoldTheSleepLock(t *testing.T) {
 	held := testenv.Begin(t, f.db.Pool)
 	locked := make(chan error, 1)
 	go func() {
-		_, err := held.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1)", outbox.SleepLockKey)
+		_, err := held.Exec(ctx, "SELECT pg_advisory_xact_lock_shared(outbox_sleep_lock_key())")
 		locked <- err
 	}()
 	enqueue(t, f.db.Pool, newEvent(t, event.OrderPlaced, "order-1", 1))
@@ -724,7 +725,7 @@ func TestRelayStaysAwakeWhileCommitsHoldTheSleepLock(t *testing.T) {
 	}, 5*time.Second, time.Millisecond, "the published row was not marked sent")
 	// The relay tries again after a pause of its own; the try is answered
 	// before the producer lets go.
-	require.Eventually(t, func() bool { return len(trips.names()) >= n+3 && trips.settled() }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return len(trips.names()) >= n+3 && trips.answered() }, 5*time.Second, time.Millisecond)
 	require.Equal(t, [][]string{
 		{"ReleaseSleepLock", "Claim"},
 		{"TakeSleepLock", "RecordBatch", "Claim"}, // the producer holds the lock
@@ -745,7 +746,7 @@ func awaitSleep(t *testing.T, db *testenv.Database, trips *roundTrips, n int) in
 	var got [][]string
 	require.Eventually(t, func() bool {
 		got = trips.names()
-		if len(got) <= n || got[len(got)-1][0] != "TakeSleepLock" || !trips.settled() {
+		if len(got) <= n || got[len(got)-1][0] != "TakeSleepLock" || !trips.answered() {
 			return false
 		}
 		var held bool
@@ -753,7 +754,7 @@ func awaitSleep(t *testing.T, db *testenv.Database, trips *roundTrips, n int) in
 			SELECT EXISTS (SELECT FROM pg_locks
 			WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted AND objsubid = 1
 			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			  AND (classid::bigint << 32 | objid::bigint) = $1)`, outbox.SleepLockKey).Scan(&held))
+			  AND (classid::bigint << 32 | objid::bigint) = outbox_sleep_lock_key())`).Scan(&held))
 		return held && len(trips.names()) == len(got)
 	}, 5*time.Second, time.Millisecond, "the relay did not go to sleep: %v", trips)
 	return len(got)
@@ -815,8 +816,8 @@ func (r *roundTrips) end() {
 	r.ended++
 }
 
-// settled reports whether every round trip has its answers.
-func (r *roundTrips) settled() bool {
+// answered reports whether every round trip has its answers.
+func (r *roundTrips) answered() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.ended == len(r.trips)

@@ -6,12 +6,6 @@ import (
 	"time"
 )
 
-// sleepLockKey is the advisory lock a relay holds while it sleeps, on the
-// session that holds the relay lock: the outbox trigger notifies only when
-// it cannot take it shared (see the platform migration that defines the
-// trigger, and TakeSleepLock). "outbox_w" in ASCII.
-const sleepLockKey int64 = 0x6f7574626f785f77
-
 // The pause of a relay that found nothing to publish while commits were in
 // progress doubles from the first to the last.
 const (

@@ -158,14 +158,15 @@ ORDER BY e.ord;
 
 -- name: TakeSleepLock :execrows
 -- Taken by a relay about to sleep, on the session that holds the relay lock,
--- once no commit in progress holds it shared (see the outbox_notify
--- trigger); while it is held, every commit that inserts rows notifies. One
--- row back means the relay has it; none, that commits are in progress. The
--- claim queued behind it runs either way. (It used to fail instead, which
+-- once no commit in progress holds it shared (see the outbox_notify trigger,
+-- which takes the same key, outbox_sleep_lock_key); while it is held, every
+-- commit that inserts rows notifies. One row back means the relay has it;
+-- none, that commits are in progress. The claim queued behind it runs either
+-- way. (It used to fail instead, which
 -- skipped the claim, but pgx prepares every statement of a failed batch
 -- again: two more round trips and three plans for a relay that tried to
 -- sleep while producers committed, most of its tries at 300 orders/s.)
-SELECT 1 WHERE pg_try_advisory_lock(@sleep_key::bigint);
+SELECT 1 WHERE pg_try_advisory_lock(outbox_sleep_lock_key());
 
 -- name: ReleaseSleepLock :exec
-SELECT pg_advisory_unlock(@sleep_key::bigint);
+SELECT pg_advisory_unlock(outbox_sleep_lock_key());

@@ -292,11 +292,11 @@ func (q *Queries) ReleaseRelayLocks(ctx context.Context, db DBTX) error {
 }
 
 const releaseSleepLock = `-- name: ReleaseSleepLock :exec
-SELECT pg_advisory_unlock($1::bigint)
+SELECT pg_advisory_unlock(outbox_sleep_lock_key())
 `
 
-func (q *Queries) ReleaseSleepLock(ctx context.Context, db DBTX, sleepKey int64) error {
-	_, err := db.Exec(ctx, releaseSleepLock, sleepKey)
+func (q *Queries) ReleaseSleepLock(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, releaseSleepLock)
 	return err
 }
 
@@ -314,19 +314,20 @@ func (q *Queries) StartOver(ctx context.Context, db DBTX) (int64, error) {
 }
 
 const takeSleepLock = `-- name: TakeSleepLock :execrows
-SELECT 1 WHERE pg_try_advisory_lock($1::bigint)
+SELECT 1 WHERE pg_try_advisory_lock(outbox_sleep_lock_key())
 `
 
 // Taken by a relay about to sleep, on the session that holds the relay lock,
-// once no commit in progress holds it shared (see the outbox_notify
-// trigger); while it is held, every commit that inserts rows notifies. One
-// row back means the relay has it; none, that commits are in progress. The
-// claim queued behind it runs either way. (It used to fail instead, which
+// once no commit in progress holds it shared (see the outbox_notify trigger,
+// which takes the same key, outbox_sleep_lock_key); while it is held, every
+// commit that inserts rows notifies. One row back means the relay has it;
+// none, that commits are in progress. The claim queued behind it runs either
+// way. (It used to fail instead, which
 // skipped the claim, but pgx prepares every statement of a failed batch
 // again: two more round trips and three plans for a relay that tried to
 // sleep while producers committed, most of its tries at 300 orders/s.)
-func (q *Queries) TakeSleepLock(ctx context.Context, db DBTX, sleepKey int64) (int64, error) {
-	result, err := db.Exec(ctx, takeSleepLock, sleepKey)
+func (q *Queries) TakeSleepLock(ctx context.Context, db DBTX) (int64, error) {
+	result, err := db.Exec(ctx, takeSleepLock)
 	if err != nil {
 		return 0, err
 	}

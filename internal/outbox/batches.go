@@ -15,16 +15,15 @@ import (
 	"github.com/onceflow/onceflow/internal/postgres"
 )
 
-// pipelineDepth is how many batches a pipelined relay may have published
-// and not yet recorded at a time: one that the broker is acknowledging
-// while the database records the one before it and hands out the one
-// after. The plain relay has one.
-const pipelineDepth = 2
+// maxInFlight is how many batches a pipelined relay may have published and
+// not yet recorded at a time: one that the broker is acknowledging while
+// the database records the one before it and hands out the one after. The plain relay has one.
+const maxInFlight = 2
 
-// depth is how many batches r has in flight at most.
-func (r *Relay) depth() int {
+// inFlightLimit is how many batches r has in flight at most.
+func (r *Relay) inFlightLimit() int {
 	if r.cfg.Pipelined {
-		return pipelineDepth
+		return maxInFlight
 	}
 	return 1
 }
@@ -104,9 +103,9 @@ type batch struct {
 // expected to find nothing also takes the sleep lock; relay reports
 // whether the session holds the lock when it returns (asleep).
 //
-// Up to depth batches are claimed and not yet recorded at a time, and
-// a goroutine of the flush publishes them, in order: while the database marks
-// one batch and hands out the next, the client publishes and the broker
+// Up to inFlightLimit batches are claimed and not yet recorded at a time,
+// and a goroutine of the flush publishes them, in order: while the database
+// marks one batch and hands out the next, the client publishes and the broker
 // stores the ones in between. A batch's mark goes to the database with the
 // next claim, in one round trip: under load a batch costs one round trip,
 // and when the outbox runs dry the claim that finds nothing carries the last
@@ -117,7 +116,7 @@ func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn, systemID int64, o
 	work := context.WithoutCancel(ctx)
 	pubCtx, halt := context.WithCancel(work)
 	defer halt()
-	claimed := make(chan *batch, r.depth())
+	claimed := make(chan *batch, r.inFlightLimit())
 	var wg sync.WaitGroup
 	wg.Go(func() { r.publishAll(pubCtx, claimed) })
 	defer wg.Wait()
@@ -126,11 +125,11 @@ func (r *Relay) relay(ctx context.Context, conn *pgxpool.Conn, systemID int64, o
 	f := &flushRun{r: r, conn: conn, work: work, claimed: claimed, op: op, rest: rest,
 		pos: position{snap: nothingCovered, spanSnap: nothingCovered, epoch: recordedPosition, systemID: systemID}, more: true, asleep: op == wakeUp, first: true}
 	for {
-		f.claimAhead(ctx)
+		f.claimBatches(ctx)
 		if len(f.inFlight) == 0 {
 			return f.finish(ctx)
 		}
-		if err := f.settleNext(); err != nil {
+		if err := f.awaitNext(); err != nil {
 			// The rows behind a failure stay unsent, acked or not, and are
 			// published again in order with the same message ids. Halting
 			// the publisher keeps as few of them as possible from going
@@ -150,9 +149,9 @@ type flushRun struct {
 	op      sleepOp         // the first claim's
 	rest    bool
 
-	inFlight []*batch // claimed, not yet settled, oldest first
+	inFlight []*batch // claimed, acks not yet awaited, oldest first
 	pos      position // after the last claim: what the batches so far cover
-	marks    marks    // of the batches settled since the last round trip
+	marks    marks    // of the batches acked since the last round trip
 	more     bool     // unsent rows may lie beyond the last claim
 	claimErr error
 	busy     bool // the sleep lock could not be had: commits in progress
@@ -161,11 +160,11 @@ type flushRun struct {
 	total    int  // rows marked sent
 }
 
-// claimAhead claims batches, each claim carrying the queued marks, and
-// hands them to the publisher, until depth are in flight, nothing more is
-// unsent and no record is queued, a claim failed, or ctx is done.
-func (f *flushRun) claimAhead(ctx context.Context) {
-	for (f.more || f.marks.queued()) && f.claimErr == nil && len(f.inFlight) < f.r.depth() && ctx.Err() == nil {
+// claimBatches claims batches, each claim carrying the queued marks, and
+// hands them to the publisher, until inFlightLimit are in flight, nothing
+// more is unsent and no record is queued, a claim failed, or ctx is done.
+func (f *flushRun) claimBatches(ctx context.Context) {
+	for (f.more || f.marks.queued()) && f.claimErr == nil && len(f.inFlight) < f.r.inFlightLimit() && ctx.Err() == nil {
 		lock := f.nextLock()
 		rows, slept, err := f.r.claim(f.work, f.conn, f.pos, &f.marks, lock)
 		f.total += f.r.marked(&f.marks, err)
@@ -192,7 +191,7 @@ func (f *flushRun) claimAhead(ctx context.Context) {
 		b := &batch{rows: rows, systemID: f.pos.systemID, published: make(chan struct{})}
 		f.pos = after(rows, len(rows), f.pos.systemID)
 		f.inFlight = append(f.inFlight, b)
-		f.claimed <- b // never blocks: the channel holds depth
+		f.claimed <- b // never blocks: the channel holds inFlightLimit
 	}
 }
 
@@ -209,12 +208,12 @@ func (f *flushRun) nextLock() sleepOp {
 	return lock
 }
 
-// settleNext waits for the acks of the oldest batch in flight and queues
+// awaitNext waits for the acks of the oldest batch in flight and queues
 // its mark; it returns the error that cut the batch short.
-func (f *flushRun) settleNext() error {
+func (f *flushRun) awaitNext() error {
 	b := f.inFlight[0]
 	f.inFlight = f.inFlight[1:]
-	acked, err := f.r.settle(f.work, b)
+	acked, err := f.r.awaitBatch(f.work, b)
 	f.r.queueMark(&f.marks, b, acked, err)
 	return err
 }
@@ -257,7 +256,7 @@ func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn, pos position, m *
 	defer cancel()
 	start := time.Now()
 	var locked int64
-	rows, err = r.queries.Claim(ctx, r.pipeline(m, lock, &locked).Then(conn), dbsqlc.ClaimParams{
+	rows, err = r.queries.Claim(ctx, r.markStatements(m, lock, &locked).Then(conn), dbsqlc.ClaimParams{
 		Snap: pos.snap, Upto: pos.upto, SpanSnap: pos.spanSnap, SpanUpto: pos.spanUpto, SpanDone: pos.spanDone,
 		Epoch: pos.epoch, BatchSize: int64(r.cfg.BatchSize),
 	})
@@ -271,13 +270,13 @@ func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn, pos position, m *
 	return rows, locked == 1, nil
 }
 
-// marks are the positions of settled batches, queued to go to the database
+// marks are the positions of acked batches, queued to go to the database
 // with the next statement on the relay's connection.
-type marks []settled
+type marks []ackedBatch
 
-// settled is a batch whose acks are in: rows of its first rows were
+// ackedBatch is a batch whose acks are in: rows of its first rows were
 // acknowledged, and err cut it short.
-type settled struct {
+type ackedBatch struct {
 	rows   int
 	record dbsqlc.RecordBatchParams // what covers them; unused without rows
 	err    error
@@ -285,25 +284,25 @@ type settled struct {
 
 // queueMark queues on m the position that covers b's first acked rows.
 func (r *Relay) queueMark(m *marks, b *batch, acked int, err error) {
-	s := settled{rows: acked, err: err}
+	a := ackedBatch{rows: acked, err: err}
 	if acked > 0 {
-		s.record = after(b.rows, acked, b.systemID).record()
+		a.record = after(b.rows, acked, b.systemID).record()
 	}
-	*m = append(*m, s)
+	*m = append(*m, a)
 }
 
-// pipeline returns the queued marks as statements, after lock's. For
-// goToSleep, *slept is 1 once the pipeline was sent if the session got the
-// sleep lock.
-func (r *Relay) pipeline(m *marks, lock sleepOp, slept *int64) *postgres.Pipeline {
+// markStatements returns the queued marks as statements, after lock's. For
+// goToSleep, *slept is 1 once the statements were sent if the session got
+// the sleep lock.
+func (r *Relay) markStatements(m *marks, lock sleepOp, slept *int64) *postgres.Pipeline {
 	var p postgres.Pipeline
 	// Queued: the errors are Send's or Then's.
 	switch lock {
 	case goToSleep:
-		_, _ = r.queries.TakeSleepLock(context.Background(), &p, sleepLockKey)
+		_, _ = r.queries.TakeSleepLock(context.Background(), &p)
 		p.CountInto(slept)
 	case wakeUp:
-		_ = r.queries.ReleaseSleepLock(context.Background(), &p, sleepLockKey)
+		_ = r.queries.ReleaseSleepLock(context.Background(), &p)
 	}
 	for _, b := range *m {
 		if b.rows > 0 {
@@ -344,7 +343,7 @@ func (r *Relay) sendMarks(ctx context.Context, conn *pgxpool.Conn, m *marks) (in
 	ctx, cancel := context.WithTimeout(ctx, r.dbTimeout())
 	defer cancel()
 	start := time.Now()
-	err := r.pipeline(m, stayAwake, nil).Send(ctx, conn)
+	err := r.markStatements(m, stayAwake, nil).Send(ctx, conn)
 	r.cfg.Observer.Step(StepRecord, time.Since(start))
 	n := r.marked(m, err)
 	if err != nil {
@@ -353,12 +352,12 @@ func (r *Relay) sendMarks(ctx context.Context, conn *pgxpool.Conn, m *marks) (in
 	return n, nil
 }
 
-// settle waits for the acks of b. It returns how many of its first rows
-// were acknowledged, to be marked sent, and the error that cut the batch
-// short.
-func (r *Relay) settle(ctx context.Context, b *batch) (int, error) {
+// awaitBatch waits until b is published and its acks are in. It returns
+// how many of its first rows were acknowledged, to be marked sent, and the
+// error that cut the batch short.
+func (r *Relay) awaitBatch(ctx context.Context, b *batch) (int, error) {
 	<-b.published
-	acked, err := r.await(ctx, b)
+	acked, err := r.awaitAcks(ctx, b)
 	r.observePublish(b, acked, err)
 	if acked > 0 && r.afterPublish != nil {
 		if herr := r.afterPublish(); herr != nil {
@@ -368,11 +367,11 @@ func (r *Relay) settle(ctx context.Context, b *batch) (int, error) {
 	return acked, err
 }
 
-// await waits for the acks of b in order. It returns the length of the
+// awaitAcks waits for the acks of b in order. It returns the length of the
 // prefix of rows that were all acknowledged, and the error of the first row
 // that was not. Rows after that one may be in the stream, but they are
 // published again with the same message id.
-func (r *Relay) await(ctx context.Context, b *batch) (acked int, err error) {
+func (r *Relay) awaitAcks(ctx context.Context, b *batch) (acked int, err error) {
 	timeout := time.NewTimer(time.Until(b.deadline))
 	defer timeout.Stop()
 	duplicates := 0
