@@ -36,6 +36,8 @@ func metricNames(t *testing.T) []string {
 	require.NoError(t, err)
 	_, err = httpapi.Observe(rec, noop.NewTracerProvider())
 	require.NoError(t, err)
+	_, err = newPartitionObserver(rec)
+	require.NoError(t, err)
 	rec.collectors = append(rec.collectors, newStatsCollector(nil), newPoolCollector(nil, "http"))
 
 	var names []string
