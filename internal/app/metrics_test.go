@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/onceflow/onceflow/deploy/grafana"
+	promdeploy "github.com/onceflow/onceflow/deploy/prometheus"
 	"github.com/onceflow/onceflow/internal/httpapi"
 )
 
@@ -36,6 +37,8 @@ func metricNames(t *testing.T) []string {
 	require.NoError(t, err)
 	_, err = httpapi.Observe(rec, noop.NewTracerProvider())
 	require.NoError(t, err)
+	_, err = newPartitionObserver(rec)
+	require.NoError(t, err)
 	rec.collectors = append(rec.collectors, newStatsCollector(nil), newPoolCollector(nil, "http"))
 
 	var names []string
@@ -50,6 +53,17 @@ func metricNames(t *testing.T) []string {
 		}
 	}
 	return names
+}
+
+// exportedName is the metric of names that the series m is of: a
+// histogram's series are its name with _bucket, _sum or _count.
+func exportedName(names []string, m string) string {
+	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+		if base, ok := strings.CutSuffix(m, suffix); ok && slices.Contains(names, base) {
+			return base
+		}
+	}
+	return m
 }
 
 // serviceMetricPrefixes name the metrics a service exports beyond the
@@ -71,15 +85,33 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 		if slices.ContainsFunc(serviceMetricPrefixes, func(p string) bool { return strings.HasPrefix(m, p) }) {
 			continue
 		}
-		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
-			if base, ok := strings.CutSuffix(m, suffix); ok && slices.Contains(names, base) {
-				m = base
-			}
-		}
+		m = exportedName(names, m)
 		require.Contains(t, names, m, "the dashboard queries a metric nobody exports")
 		used[m] = true
 	}
 	for _, n := range names {
 		require.True(t, used[n], "%s is not on the dashboard", n)
+	}
+}
+
+// TestAlertsQueryExportedMetrics reads the compose demo's Prometheus
+// alerting rules: each is complete, and every onceflow metric its
+// expression names is one a service exports (an alert on a name nobody
+// exports never fires).
+func TestAlertsQueryExportedMetrics(t *testing.T) {
+	t.Parallel()
+	names := metricNames(t)
+	rules, err := promdeploy.Rules()
+	require.NoError(t, err)
+	require.NotEmpty(t, rules)
+	metric := regexp.MustCompile(`onceflow_[a-z0-9_]+`)
+	for _, r := range rules {
+		require.NotEmpty(t, r.Alert, "a rule with no alert name: %q", r.Expr)
+		require.NotEmpty(t, r.Expr, "alert %s", r.Alert)
+		require.NotEmpty(t, r.For, "alert %s has no for", r.Alert)
+		require.NotEmpty(t, r.Annotations["summary"], "alert %s has no summary", r.Alert)
+		for _, m := range metric.FindAllString(r.Expr, -1) {
+			require.Contains(t, names, exportedName(names, m), "alert %s queries a metric nobody exports", r.Alert)
+		}
 	}
 }

@@ -68,6 +68,22 @@ func TestComposePrometheusScrapesEveryService(t *testing.T) {
 	}
 }
 
+// TestComposePrometheusLoadsTheAlerts: each rule file prometheus.yml names
+// is mounted where it says, and it is deploy/prometheus/alerts.yml, the
+// file internal/app checks against the metrics the services export.
+func TestComposePrometheusLoadsTheAlerts(t *testing.T) {
+	t.Parallel()
+	prom := loadCompose(t, observabilityProfile).Services["prometheus"]
+	var cfg struct {
+		RuleFiles []string `yaml:"rule_files"`
+	}
+	readYAML(t, mountedFile(t, prom, "/etc/prometheus/prometheus.yml"), &cfg)
+	require.Equal(t, []string{"/etc/prometheus/alerts.yml"}, cfg.RuleFiles)
+	want, err := filepath.Abs(filepath.Join(repoRoot, "deploy", "prometheus", "alerts.yml"))
+	require.NoError(t, err)
+	require.Equal(t, want, mountedFile(t, prom, cfg.RuleFiles[0]))
+}
+
 // TestComposeGrafanaProvisioning reads what Grafana mounts: its data sources
 // are the profile's Prometheus and Jaeger, and the onceflow dashboard loads
 // from where the provider looks and queries the provisioned Prometheus.
