@@ -95,8 +95,9 @@
 // until its commit: the relay gets it only once no commit that inserted rows
 // is in progress, claims once more to publish what those committed, and
 // waits for a notification on its LISTEN session; while it holds the lock,
-// the trigger cannot take it and the commit notifies. The lock is tried in one round trip with that claim (after a
-// batch, with the claim that carries its record), which runs either way, and
+// the trigger cannot take it and the commit notifies. The lock is tried in
+// one round trip with that claim (after a batch, with the claim that
+// carries its record), which runs either way, and
 // released in one round trip with the first claim after the wake-up: a
 // relay that wakes up for one batch makes two round trips. A relay that is
 // busy keeps claiming while its claims find rows, and one that did not get
