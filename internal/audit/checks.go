@@ -14,7 +14,8 @@ import (
 
 // Statuses and kinds as the services store them (see the CHECK constraints
 // in db/migrations). The auditor reads the databases, not the services'
-// packages, so it names them itself.
+// packages, so it names them itself; rules_test.go holds its order
+// statuses, terminal states and late fates to the order service's.
 const (
 	orderPending   = "PENDING"
 	orderPaid      = "PAID"

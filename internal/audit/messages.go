@@ -178,7 +178,8 @@ func (s *system) unprocessed(ctx context.Context, cs consumerState, msgs []strea
 		counted[id] = true
 	}
 	for _, m := range msgs {
-		if m.seq > cs.info.AckFloor.Stream || !matchesAny(cs.filters, m.subject) {
+		filtered := slices.ContainsFunc(cs.filters, func(f string) bool { return streams.SubjectMatches(f, m.subject) })
+		if m.seq > cs.info.AckFloor.Stream || !filtered {
 			continue // not acked yet (the ack floor check reports it), or not its
 		}
 		if _, _, ok := streams.ReplayOf(m.subject); ok {
@@ -228,32 +229,6 @@ func (s *system) inboxOf(durable string) (database, bool) {
 		}
 	}
 	return database{}, false
-}
-
-// matchesAny reports whether subject matches one of the NATS subject
-// filters (with the wildcards * for one token and > for the rest).
-func matchesAny(filters []string, subject string) bool {
-	for _, f := range filters {
-		if matches(f, subject) {
-			return true
-		}
-	}
-	return false
-}
-
-func matches(filter, subject string) bool {
-	ft, st := strings.Split(filter, "."), strings.Split(subject, ".")
-	for i, tok := range ft {
-		switch {
-		case tok == ">":
-			return len(st) > i
-		case i >= len(st):
-			return false
-		case tok != "*" && tok != st[i]:
-			return false
-		}
-	}
-	return len(ft) == len(st)
 }
 
 // orderEvents returns the distinct event ids of each type on the saga's

@@ -25,19 +25,36 @@ func (t Topology) Owner(subject string) string {
 	return ""
 }
 
-// SubjectMatches reports whether the literal subject matches filter, in
-// NATS's syntax: "*" matches one token, a final ">" one or more.
+// SubjectMatches reports whether subject matches filter the way nats-server
+// matches them (its SubjectMatchesFilter): "*" matches one token, ">" one or
+// more, and a subject with wildcards matches when every subject it matches
+// does. A filter nats-server would refuse (an empty token, ">" before the
+// last token, white space) matches nothing rather than something.
 func SubjectMatches(filter, subject string) bool {
+	if !validFilter(filter) {
+		return false
+	}
 	fs, ss := strings.Split(filter, "."), strings.Split(subject, ".")
 	for i, f := range fs {
-		switch {
-		case f == ">" && i == len(fs)-1:
+		if f == ">" {
 			return len(ss) > i
-		case i >= len(ss):
-			return false
-		case f != "*" && f != ss[i]:
+		}
+		// A "*" in subject is matched only by a "*" in filter.
+		if i >= len(ss) || ss[i] == "" || ss[i] == ">" || f != "*" && f != ss[i] {
 			return false
 		}
 	}
 	return len(fs) == len(ss)
+}
+
+// validFilter reports whether nats-server accepts filter as a subject to
+// subscribe or filter on.
+func validFilter(filter string) bool {
+	fs := strings.Split(filter, ".")
+	for i, f := range fs {
+		if f == "" || f == ">" && i != len(fs)-1 || strings.ContainsAny(f, "\t\n\f\r ") {
+			return false
+		}
+	}
+	return true
 }

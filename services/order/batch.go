@@ -105,17 +105,17 @@ func (s *Service) HandleBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelo
 		if pos, ok := newAt[timelineKey{c.orderID, c.ev.ID}]; !ok || pos != i {
 			continue
 		}
-		if fate := lateFate(status[c.orderID], c.ev.Type); fate != "" {
+		if fate := LateFate(status[c.orderID], c.ev.Type); fate != "" {
 			late.OrderIds = append(late.OrderIds, c.orderID)
 			late.EventIds = append(late.EventIds, c.ev.ID)
 			late.Lates = append(late.Lates, fate)
 		}
-		to, ok := nextStatus(status[c.orderID], c.ev.Type)
+		to, ok := NextStatus(status[c.orderID], c.ev.Type)
 		if !ok {
 			continue
 		}
 		status[c.orderID] = to
-		if terminal(to) {
+		if Terminal(to) {
 			ends = append(ends, ending{pos: i, to: to})
 		}
 	}

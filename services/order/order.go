@@ -141,11 +141,13 @@ func decode(ev event.Envelope, want event.Type, v any) error {
 	return ev.Decode(v)
 }
 
-// nextStatus is the status an event of type typ moves an order in status
+// NextStatus is the status an event of type typ moves an order in status
 // from to; ok is false when the event changes nothing. No terminal status is
 // a "from" here, and every "to" ranks higher than its "from", so a late or
 // repeated event never moves an order backwards or out of a terminal state.
-func nextStatus(from string, typ event.Type) (to string, ok bool) {
+// It, Terminal and LateFate are exported for the auditor's test, which holds
+// the auditor's own copy of these rules to them.
+func NextStatus(from string, typ event.Type) (to string, ok bool) {
 	switch {
 	case typ == event.PaymentDebited && from == StatusPending:
 		return StatusPaid, true
@@ -172,8 +174,8 @@ const (
 	LateUnchanged = "unchanged"
 )
 
-// terminal reports whether status ends the order.
-func terminal(status string) bool {
+// Terminal reports whether status ends the order.
+func Terminal(status string) bool {
 	switch status {
 	case StatusConfirmed, StatusRejected, StatusCancelled, StatusExpired:
 		return true
@@ -181,11 +183,11 @@ func terminal(status string) bool {
 	return false
 }
 
-// lateFate is the fate of a reply of type typ to an order in status from,
+// LateFate is the fate of a reply of type typ to an order in status from,
 // or "" when the order is still open and the reply is on time.
-func lateFate(from string, typ event.Type) string {
+func LateFate(from string, typ event.Type) string {
 	switch {
-	case !terminal(from):
+	case !Terminal(from):
 		return ""
 	case from == StatusExpired && typ == event.PaymentDebited:
 		return LateRefunded
@@ -212,7 +214,7 @@ func (s *Service) apply(ctx context.Context, tx pgx.Tx, ev event.Envelope, order
 	case err != nil:
 		return fmt.Errorf("lock order %s: %w", orderID, err)
 	}
-	recorded, err := s.record(ctx, tx, o.ID, ev, reason, lateFate(o.Status, ev.Type))
+	recorded, err := s.record(ctx, tx, o.ID, ev, reason, LateFate(o.Status, ev.Type))
 	if err != nil {
 		return err
 	}
@@ -221,7 +223,7 @@ func (s *Service) apply(ctx context.Context, tx pgx.Tx, ev event.Envelope, order
 		// expired: its effect happened then.
 		return nil
 	}
-	to, ok := nextStatus(o.Status, ev.Type)
+	to, ok := NextStatus(o.Status, ev.Type)
 	if !ok {
 		return nil
 	}
