@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/conformance"
+	"github.com/onceflow/onceflow/internal/app"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/streams"
 )
@@ -269,11 +270,36 @@ func TestUntestedSubscriptionProcess(t *testing.T) {
 		}
 		conformance.Run(t, svc)
 	})
+	// Wired: the service's wiring and its tests, by durable.
+	wired := func(t *testing.T, durables []string, tested ...string) conformance.Service {
+		svc := service(t, correct, nil)
+		newSubs := svc.New
+		svc.New = func(env conformance.Env) []conformance.Subscription {
+			sub := newSubs(env)[0]
+			var wiring []app.Subscription
+			for _, d := range durables {
+				wiring = append(wiring, app.Subscription{Durable: d, Handler: sub.Handler})
+			}
+			tests := map[string][]conformance.Test{}
+			for _, d := range tested {
+				tests[d] = []conformance.Test{{NewEvent: sub.NewEvent, Effect: sub.Effect}}
+			}
+			return conformance.Wired(wiring, tests)
+		}
+		return svc
+	}
+	t.Run("wired-untested", func(t *testing.T) {
+		conformance.Run(t, wired(t, []string{streams.PaymentOrders, streams.PaymentExpiries}, streams.PaymentOrders))
+	})
+	t.Run("tested-unwired", func(t *testing.T) {
+		conformance.Run(t, wired(t, []string{streams.PaymentOrders}, streams.PaymentOrders, streams.PaymentInventory))
+	})
 }
 
 // TestUntestedSubscriptionsFailTheKit checks that the kit fails a service
 // whose test leaves out a durable of the service's (as its wiring runs
-// them), or an event type a durable consumes, before any property runs.
+// them), or an event type a durable consumes, or whose wiring and tests
+// (Wired) name different durables, before any property runs.
 func TestUntestedSubscriptionsFailTheKit(t *testing.T) {
 	t.Parallel()
 	// No property runs: the check comes first.
@@ -281,6 +307,8 @@ func TestUntestedSubscriptionsFailTheKit(t *testing.T) {
 	for name, want := range map[string]string{
 		"missing-durable": "the service's durable payment-inventory (internal/streams) has no Subscription",
 		"missing-type":    "durable notify-orders consumes orders.confirmed.v1, but no Subscription of it makes such an event",
+		"wired-untested":  "durable payment-expiries is wired, and Wired has no test of it",
+		"tested-unwired":  "Wired has a test of durable payment-inventory, which is not wired",
 	} {
 		test := "TestUntestedSubscriptionProcess/" + name
 		if !failed[test] {

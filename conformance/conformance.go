@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/onceflow/onceflow/internal/app"
 	"github.com/onceflow/onceflow/internal/event"
 	"github.com/onceflow/onceflow/internal/inbox"
 	"github.com/onceflow/onceflow/internal/postgres"
@@ -80,13 +83,13 @@ type Env struct {
 // Subscription is one durable consumer of the service and what the kit
 // needs to test its handler.
 type Subscription struct {
-	// Stream and Durable name the durable consumer. A durable of the
-	// saga's topology (internal/streams) has its filter subjects from
-	// there; another one needs Subjects.
-	Stream  string
+	// Durable names the durable consumer. A durable of the saga's
+	// topology (internal/streams) has its stream and filter subjects from
+	// there; another one needs Stream and Subjects.
 	Durable string
-	// Subjects are the subjects the durable consumes, for a durable that
-	// is not in the saga's topology.
+	// Stream and Subjects are the stream and subjects of a durable that is
+	// not in the saga's topology.
+	Stream   string
 	Subjects []string
 	// Handler is the subscription's handler, run as the inbox runs it.
 	Handler Handler
@@ -112,6 +115,48 @@ type Subscription struct {
 	// Effect counts how many times ev's effect is in the database: 0
 	// before it was processed, 1 after. Count builds one from a query.
 	Effect func(ctx context.Context, db *pgxpool.Pool, ev Event) (int, error)
+
+	// wiring is why Wired could not match this subscription with a test.
+	wiring error
+}
+
+// Test is what the kit needs of a subscription besides its wiring: the
+// fields of Subscription of the same names.
+type Test struct {
+	NewEvent  func(t testing.TB, env Env) Event
+	NewEvents func(t testing.TB, env Env, n int) []Event
+	Effect    func(ctx context.Context, db *pgxpool.Pool, ev Event) (int, error)
+}
+
+// Wired returns the subscriptions of a service as its Run wires them (the
+// list it gives app.Spec), each with its tests, tests[durable]: one
+// Subscription per test, its handler the wired one and, for a Batched
+// subscription with a BatchHandler, its set-based form too. So the kit
+// tests the wiring the service runs, declared once. A wired durable with no
+// test, or a test of a durable that is not wired, fails the kit.
+func Wired(wired []app.Subscription, tests map[string][]Test) []Subscription {
+	var subs []Subscription
+	for _, w := range wired {
+		if len(tests[w.Durable]) == 0 {
+			subs = append(subs, Subscription{Durable: w.Durable,
+				wiring: fmt.Errorf("durable %s is wired, and Wired has no test of it", w.Durable)})
+		}
+		for _, tc := range tests[w.Durable] {
+			sub := Subscription{Durable: w.Durable, Handler: w.Handler,
+				NewEvent: tc.NewEvent, NewEvents: tc.NewEvents, Effect: tc.Effect}
+			if w.Batched {
+				sub.BatchHandler = w.BatchHandler
+			}
+			subs = append(subs, sub)
+		}
+	}
+	for _, durable := range slices.Sorted(maps.Keys(tests)) { // the same order at every call of New
+		if !slices.ContainsFunc(wired, func(w app.Subscription) bool { return w.Durable == durable }) {
+			subs = append(subs, Subscription{Durable: durable,
+				wiring: fmt.Errorf("Wired has a test of durable %s, which is not wired", durable)})
+		}
+	}
+	return subs
 }
 
 // Count is an Effect that runs query with one argument, arg(ev), and

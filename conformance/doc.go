@@ -22,21 +22,20 @@
 //			Migrations: migrations,
 //			New: func(env conformance.Env) []conformance.Subscription {
 //				s := New(env.Pool)
-//				return []conformance.Subscription{
-//					{
-//						Stream:  streams.Orders,
-//						Durable: streams.LoyaltyOrders,
-//						Handler: s.HandleOrderConfirmed,
-//						// A OrderConfirmed of a new order of a customer of its own.
-//						NewEvent: func(t testing.TB, _ conformance.Env) conformance.Event {
-//							orderID, customer := uuid.Must(uuid.NewV7()), "c-"+uuid.NewString()
-//							ev, err := event.New("order", event.OrderConfirmed, orderID.String(), event.OrderConfirmedV1{Order: event.Order{OrderID: orderID, CustomerID: customer}, TotalCents: 300})
-//							require.NoError(t, err)
-//							return ev
+//				return conformance.Wired(s.Subscriptions(), map[string][]conformance.Test{
+//					streams.LoyaltyOrders: {
+//						{
+//							// A OrderConfirmed of a new order of a customer of its own.
+//							NewEvent: func(t testing.TB, _ conformance.Env) conformance.Event {
+//								orderID, customer := uuid.Must(uuid.NewV7()), "c-"+uuid.NewString()
+//								ev, err := event.New("order", event.OrderConfirmed, orderID.String(), event.OrderConfirmedV1{Order: event.Order{OrderID: orderID, CustomerID: customer}, TotalCents: 300})
+//								require.NoError(t, err)
+//								return ev
+//							},
+//							Effect: customerEffect,
 //						},
-//						Effect: customerEffect,
 //					},
-//				}
+//				})
 //			},
 //		})
 //	}

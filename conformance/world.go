@@ -78,8 +78,8 @@ func newWorld(t *testing.T, svc Service) *world {
 	w.topology = streams.Saga(streams.Config{
 		Storage: jetstream.MemoryStorage, AckWait: ackWait, MaxDeliver: maxDeliver,
 	})
-	for _, sub := range w.subs {
-		if err := w.addConsumer(svc.Name, sub); err != nil {
+	for i := range w.subs {
+		if err := w.addConsumer(svc.Name, &w.subs[i]); err != nil {
 			t.Fatalf("conformance: %v", err)
 		}
 	}
@@ -89,22 +89,26 @@ func newWorld(t *testing.T, svc Service) *world {
 	return w
 }
 
-// addConsumer adds sub's durable to the topology unless it is there.
-func (w *world) addConsumer(service string, sub Subscription) error {
+// addConsumer adds sub's durable to the topology unless it is there, and
+// gives sub the stream of a durable that is.
+func (w *world) addConsumer(service string, sub *Subscription) error {
 	switch {
-	case sub.Durable == "" || sub.Stream == "":
-		return errors.New("a subscription needs its Stream and Durable")
+	case sub.wiring != nil:
+		return sub.wiring
+	case sub.Durable == "":
+		return errors.New("a subscription needs its Durable")
 	case sub.Handler == nil || sub.NewEvent == nil || sub.Effect == nil:
 		return fmt.Errorf("subscription %s needs Handler, NewEvent and Effect", sub.Durable)
 	}
 	if c, ok := w.topology.Consumer(sub.Durable); ok {
-		if c.Stream != sub.Stream {
+		if sub.Stream != "" && c.Stream != sub.Stream {
 			return fmt.Errorf("durable %s is on stream %s in the topology, not %s", sub.Durable, c.Stream, sub.Stream)
 		}
+		sub.Stream = c.Stream
 		return nil
 	}
-	if len(sub.Subjects) == 0 {
-		return fmt.Errorf("durable %s is not in the saga's topology: name its Subjects", sub.Durable)
+	if sub.Stream == "" || len(sub.Subjects) == 0 {
+		return fmt.Errorf("durable %s is not in the saga's topology: name its Stream and Subjects", sub.Durable)
 	}
 	w.topology.Consumers = append(w.topology.Consumers, streams.Consumer{
 		Stream: sub.Stream, Durable: sub.Durable, Service: service, FilterSubjects: sub.Subjects,

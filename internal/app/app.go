@@ -42,10 +42,11 @@ type Deps struct {
 	Registry *prometheus.Registry
 }
 
-// Subscription binds a durable consumer of the topology to a handler.
+// Subscription binds a durable consumer of the topology to a handler. The
+// durable's stream and subjects are the topology's (internal/streams).
 type Subscription struct {
-	Stream, Durable string
-	Handler         inbox.Handler
+	Durable string
+	Handler inbox.Handler
 	// Batched opts the subscription into the fast path: a batch of
 	// messages per transaction (inbox.Config.Batched). Without it, each
 	// message is processed in a transaction of its own, the reference
@@ -241,6 +242,9 @@ func newService(ctx context.Context, name string, cfg Config, c *conns, tp trace
 	if err != nil {
 		return nil, fmt.Errorf("build %s: %w", name, err)
 	}
+	if err := inTopology(name, spec.Subscriptions); err != nil {
+		return nil, err
+	}
 
 	// The consumers and the relay drain the saga; they get connections of
 	// their own, one per consumer worker and two for the relay (its batches and
@@ -291,7 +295,7 @@ func newService(ctx context.Context, name string, cfg Config, c *conns, tp trace
 
 // newConsumers returns one inbox consumer per subscription.
 func newConsumers(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, subs []Subscription, m *metrics, tp trace.TracerProvider, logger *slog.Logger) []*inbox.Consumer {
-	topology := streams.Saga(streams.Config{})
+	topology := saga()
 	consumers := make([]*inbox.Consumer, len(subs))
 	for i, sub := range subs {
 		if !cfg.ConsumerSetBased {
@@ -303,7 +307,7 @@ func newConsumers(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, subs [
 		observer := m.consumer(sub.Durable, tp)
 		observer.afterCommit = killAfterCommit(cfg.FaultKillAfterCommit, logger)
 		consumers[i] = inbox.New(pool, js, inbox.Config{
-			Stream:       sub.Stream,
+			Stream:       streamOf(topology, sub.Durable),
 			Durable:      sub.Durable,
 			BatchSize:    cfg.ConsumerBatchSize,
 			Batched:      sub.Batched,
@@ -315,6 +319,32 @@ func newConsumers(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, subs [
 		}, sub.Handler, logger)
 	}
 	return consumers
+}
+
+// saga is the topology the services' durables are declared in.
+func saga() streams.Topology { return streams.Saga(streams.Config{}) }
+
+// inTopology tells whether each of service's subscriptions is a durable
+// the topology gives it: the topology says its stream and subjects, and
+// `onceflow provision` creates only those.
+func inTopology(service string, subs []Subscription) error {
+	topology := saga()
+	for _, sub := range subs {
+		c, ok := topology.Consumer(sub.Durable)
+		switch {
+		case !ok:
+			return fmt.Errorf("subscription %s: no such durable in the topology (internal/streams)", sub.Durable)
+		case c.Service != service:
+			return fmt.Errorf("subscription %s: the topology gives the durable to %s, not %s", sub.Durable, c.Service, service)
+		}
+	}
+	return nil
+}
+
+// streamOf is the stream of durable, a durable of topology.
+func streamOf(topology streams.Topology, durable string) string {
+	c, _ := topology.Consumer(durable)
+	return c.Stream
 }
 
 // startRelay runs the relay on a context of its own: it outlives the

@@ -33,7 +33,7 @@ func newProvisioned(subs []Subscription) *provisioned {
 }
 
 func (p *provisioned) setMissing(sub Subscription, err error) {
-	why := fmt.Sprintf("waiting for `onceflow provision` to create durable %s on stream %s", sub.Durable, sub.Stream)
+	why := fmt.Sprintf("waiting for `onceflow provision` to create durable %s on stream %s", sub.Durable, streamOf(saga(), sub.Durable))
 	if err != nil {
 		why += fmt.Sprintf(" (%v)", err)
 	}
@@ -55,7 +55,7 @@ func (p *provisioned) wait(ctx context.Context, js jetstream.JetStream, logger *
 	logged := false
 	for _, sub := range p.subs {
 		for {
-			_, err := js.Consumer(ctx, sub.Stream, sub.Durable)
+			_, err := js.Consumer(ctx, streamOf(saga(), sub.Durable), sub.Durable)
 			if err == nil {
 				break
 			}
@@ -65,7 +65,7 @@ func (p *provisioned) wait(ctx context.Context, js jetstream.JetStream, logger *
 			p.setMissing(sub, err)
 			if !logged {
 				logger.WarnContext(ctx, "durable consumer missing; waiting for `onceflow provision`",
-					"stream", sub.Stream, "consumer", sub.Durable, "err", err)
+					"stream", streamOf(saga(), sub.Durable), "consumer", sub.Durable, "err", err)
 				logged = true
 			}
 			select {

@@ -47,7 +47,7 @@ func TestAServiceWaitsForProvisioning(t *testing.T) {
 	cfg.HTTPListener = ln
 	build := func(app.Deps) (app.Spec, error) {
 		return app.Spec{Subscriptions: []app.Subscription{{
-			Stream: streams.Orders, Durable: streams.PaymentOrders,
+			Durable: streams.PaymentOrders,
 			Handler: func(context.Context, pgx.Tx, event.Envelope) error { return nil },
 		}}}, nil
 	}

@@ -46,41 +46,40 @@ func TestConformance(t *testing.T) {
 				return evs
 			}
 			debited := func(t testing.TB, env conformance.Env) conformance.Event { return debitedN(t, env, 1)[0] }
-			return []conformance.Subscription{{
-				Stream: streams.Payments, Durable: streams.InventoryPayments,
-				Handler: s.HandlePaymentDebited, BatchHandler: s.HandlePaymentDebitedBatch,
-				NewEvent: debited, NewEvents: debitedN,
-				Effect: conformance.Count(`SELECT count(*)::int FROM reservations WHERE order_id = $1::uuid`,
-					func(ev conformance.Event) any { return ev.Subject }),
-			}, {
-				Stream: streams.Orders, Durable: streams.InventoryExpiries,
-				Handler: s.HandleOrderExpired, BatchHandler: s.HandleOrderExpiredBatch,
-				// The OrderExpired of an order whose reservation holds its
-				// product's whole stock, committed.
-				NewEvent: func(t testing.TB, env conformance.Env) conformance.Event {
-					ev := debited(t, env)
-					tx, err := env.Pool.Begin(t.Context())
-					require.NoError(t, err)
-					require.NoError(t, s.HandlePaymentDebited(t.Context(), tx, ev))
-					require.NoError(t, tx.Commit(t.Context()))
-					var p event.PaymentDebitedV1
-					require.NoError(t, ev.Decode(&p))
-					expired, err := event.New("order", event.OrderExpired, ev.Subject, event.OrderExpiredV1{
-						Order: p.Order, Deadline: time.Now().UTC(), Status: "PAID", TotalCents: p.AmountCents,
-					})
-					require.NoError(t, err)
-					return expired
-				},
-				// The releases of the order: none until its reservation is
-				// RELEASED, then as many as its quantity is back in stock,
-				// which the reservation emptied; stock given back twice
-				// counts 2.
-				Effect: conformance.Count(`
-					SELECT CASE r.status WHEN 'RELEASED' THEN s.available / l.quantity ELSE 0 END::int
-					FROM reservations r JOIN reservation_lines l USING (order_id) JOIN stock s USING (sku)
-					WHERE r.order_id = $1::uuid`,
-					func(ev conformance.Event) any { return ev.Subject }),
-			}}
+			return conformance.Wired(s.Subscriptions(), map[string][]conformance.Test{
+				streams.InventoryPayments: {{
+					NewEvent: debited, NewEvents: debitedN,
+					Effect: conformance.Count(`SELECT count(*)::int FROM reservations WHERE order_id = $1::uuid`,
+						func(ev conformance.Event) any { return ev.Subject }),
+				}},
+				streams.InventoryExpiries: {{
+					// The OrderExpired of an order whose reservation holds its
+					// product's whole stock, committed.
+					NewEvent: func(t testing.TB, env conformance.Env) conformance.Event {
+						ev := debited(t, env)
+						tx, err := env.Pool.Begin(t.Context())
+						require.NoError(t, err)
+						require.NoError(t, s.HandlePaymentDebited(t.Context(), tx, ev))
+						require.NoError(t, tx.Commit(t.Context()))
+						var p event.PaymentDebitedV1
+						require.NoError(t, ev.Decode(&p))
+						expired, err := event.New("order", event.OrderExpired, ev.Subject, event.OrderExpiredV1{
+							Order: p.Order, Deadline: time.Now().UTC(), Status: "PAID", TotalCents: p.AmountCents,
+						})
+						require.NoError(t, err)
+						return expired
+					},
+					// The releases of the order: none until its reservation is
+					// RELEASED, then as many as its quantity is back in stock,
+					// which the reservation emptied; stock given back twice
+					// counts 2.
+					Effect: conformance.Count(`
+						SELECT CASE r.status WHEN 'RELEASED' THEN s.available / l.quantity ELSE 0 END::int
+						FROM reservations r JOIN reservation_lines l USING (order_id) JOIN stock s USING (sku)
+						WHERE r.order_id = $1::uuid`,
+						func(ev conformance.Event) any { return ev.Subject }),
+				}},
+			})
 		},
 	})
 }

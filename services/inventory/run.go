@@ -18,13 +18,19 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		return app.Spec{
 			// The pipelined relay: the saga waits on it at every hop.
 			PipelinedRelay: true,
-			Subscriptions: []app.Subscription{
-				{Stream: streams.Payments, Durable: streams.InventoryPayments, Handler: s.HandlePaymentDebited,
-					Batched: true, BatchHandler: s.HandlePaymentDebitedBatch},
-				{Stream: streams.Orders, Durable: streams.InventoryExpiries, Handler: s.HandleOrderExpired,
-					Batched: true, BatchHandler: s.HandleOrderExpiredBatch},
-			},
-			Routes: s.Routes,
+			Subscriptions:  s.Subscriptions(),
+			Routes:         s.Routes,
 		}, nil
 	})
+}
+
+// Subscriptions are the durables the service consumes, as Run wires them;
+// its conformance test runs the kit on this list (conformance.Wired).
+func (s *Service) Subscriptions() []app.Subscription {
+	return []app.Subscription{
+		{Durable: streams.InventoryPayments, Handler: s.HandlePaymentDebited,
+			Batched: true, BatchHandler: s.HandlePaymentDebitedBatch},
+		{Durable: streams.InventoryExpiries, Handler: s.HandleOrderExpired,
+			Batched: true, BatchHandler: s.HandleOrderExpiredBatch},
+	}
 }

@@ -32,41 +32,39 @@ func TestConformance(t *testing.T) {
 			// A property runs one kind of event, so each type of the one
 			// durable is an entry of its own; the kit names the second
 			// notify-orders#01.
-			return []conformance.Subscription{{
-				Stream: streams.Orders, Durable: streams.NotifyOrders,
-				Handler: s.HandleOrderMilestone, BatchHandler: s.HandleOrderMilestoneBatch,
-				// The milestones in turn, one per call, across all the
-				// kit's runs.
-				NewEvent: func(t testing.TB, _ conformance.Env) conformance.Event {
-					o := newOrder()
-					milestones := []struct {
-						typ     event.Type
-						payload any
-					}{
-						{event.OrderPlaced, event.OrderPlacedV1{Order: o, Lines: event.Lines{{SKU: "apple", Quantity: 1, UnitPriceCents: 120}}, TotalCents: 120}},
-						{event.OrderConfirmed, event.OrderConfirmedV1{Order: o, TotalCents: 120}},
-						{event.OrderRejected, event.OrderRejectedV1{Order: o, Reason: "payment rejected"}},
-						{event.OrderCancelled, event.OrderCancelledV1{Order: o, Reason: "out of apple"}},
-					}
-					m := milestones[int(made.Add(1))%len(milestones)]
-					ev, err := event.New("order", m.typ, o.OrderID.String(), m.payload)
-					require.NoError(t, err)
-					return ev
-				},
-				Effect: conformance.Count(`SELECT count(*)::int FROM notifications WHERE order_id = $1::uuid`, orderOf),
-			}, {
-				Stream: streams.Orders, Durable: streams.NotifyOrders,
-				Handler: s.HandleOrderMilestone, BatchHandler: s.HandleOrderMilestoneBatch,
-				NewEvent: func(t testing.TB, _ conformance.Env) conformance.Event {
-					o := newOrder()
-					ev, err := event.New("order", event.OrderExpired, o.OrderID.String(), event.OrderExpiredV1{
-						Order: o, Deadline: time.Now().UTC(), Status: "PENDING", TotalCents: 120,
-					})
-					require.NoError(t, err)
-					return ev
-				},
-				Effect: conformance.Count(`SELECT count(*)::int FROM notifications WHERE order_id = $1::uuid AND kind = 'expired'`, orderOf),
-			}}
+			return conformance.Wired(s.Subscriptions(), map[string][]conformance.Test{
+				streams.NotifyOrders: {{
+					// The milestones in turn, one per call, across all the
+					// kit's runs.
+					NewEvent: func(t testing.TB, _ conformance.Env) conformance.Event {
+						o := newOrder()
+						milestones := []struct {
+							typ     event.Type
+							payload any
+						}{
+							{event.OrderPlaced, event.OrderPlacedV1{Order: o, Lines: event.Lines{{SKU: "apple", Quantity: 1, UnitPriceCents: 120}}, TotalCents: 120}},
+							{event.OrderConfirmed, event.OrderConfirmedV1{Order: o, TotalCents: 120}},
+							{event.OrderRejected, event.OrderRejectedV1{Order: o, Reason: "payment rejected"}},
+							{event.OrderCancelled, event.OrderCancelledV1{Order: o, Reason: "out of apple"}},
+						}
+						m := milestones[int(made.Add(1))%len(milestones)]
+						ev, err := event.New("order", m.typ, o.OrderID.String(), m.payload)
+						require.NoError(t, err)
+						return ev
+					},
+					Effect: conformance.Count(`SELECT count(*)::int FROM notifications WHERE order_id = $1::uuid`, orderOf),
+				}, {
+					NewEvent: func(t testing.TB, _ conformance.Env) conformance.Event {
+						o := newOrder()
+						ev, err := event.New("order", event.OrderExpired, o.OrderID.String(), event.OrderExpiredV1{
+							Order: o, Deadline: time.Now().UTC(), Status: "PENDING", TotalCents: 120,
+						})
+						require.NoError(t, err)
+						return ev
+					},
+					Effect: conformance.Count(`SELECT count(*)::int FROM notifications WHERE order_id = $1::uuid AND kind = 'expired'`, orderOf),
+				}},
+			})
 		},
 	})
 }

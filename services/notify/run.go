@@ -35,12 +35,9 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		return app.Spec{
 			// The pipelined relay: the saga waits on it at every hop.
 			PipelinedRelay: true,
-			Subscriptions: []app.Subscription{
-				{Stream: streams.Orders, Durable: streams.NotifyOrders, Handler: s.HandleOrderMilestone,
-					Batched: true, BatchHandler: s.HandleOrderMilestoneBatch},
-			},
-			Routes:     s.Routes,
-			Background: []func(context.Context) error{m.Run},
+			Subscriptions:  s.Subscriptions(),
+			Routes:         s.Routes,
+			Background:     []func(context.Context) error{m.Run},
 		}, nil
 	})
 }
@@ -55,4 +52,13 @@ func (c Config) sender(logger *slog.Logger) (Sender, error) {
 		return NewSMTPSender(c.SMTPAddr, cmp.Or(c.MailFrom, DefaultMailFrom))
 	}
 	return NewLogSender(logger.With("component", "log-sender")), nil
+}
+
+// Subscriptions are the durables the service consumes, as Run wires them;
+// its conformance test runs the kit on this list (conformance.Wired).
+func (s *Service) Subscriptions() []app.Subscription {
+	return []app.Subscription{
+		{Durable: streams.NotifyOrders, Handler: s.HandleOrderMilestone,
+			Batched: true, BatchHandler: s.HandleOrderMilestoneBatch},
+	}
 }

@@ -30,48 +30,47 @@ func TestConformance(t *testing.T) {
 		Migrations: migrations,
 		New: func(env conformance.Env) []conformance.Subscription {
 			s := New(env.Pool)
-			return []conformance.Subscription{{
-				Stream: streams.Payments, Durable: streams.OrderPayments,
-				Handler: s.handlePaymentEvent, BatchHandler: s.batchHandler(paymentTypes),
-				// A debit or a rejection of a PENDING order, or the refund
-				// of a PAID one, in turn across all the kit's runs.
-				NewEvent: func(t testing.TB, env conformance.Env) conformance.Event {
-					n := made.Add(1) % 3
-					status := StatusPending
-					if n == 2 {
-						status = StatusPaid
-					}
-					o := placedOrder(t, env, status)
-					typ, payload := event.PaymentDebited, any(event.PaymentDebitedV1{Order: o.Order, Lines: o.Lines, AmountCents: o.TotalCents})
-					switch n {
-					case 1:
-						typ, payload = event.PaymentRejected, event.PaymentRejectedV1{Order: o.Order, AmountCents: o.TotalCents, Reason: "insufficient funds"}
-					case 2:
-						typ, payload = event.PaymentRefunded, event.PaymentRefundedV1{Order: o.Order, AmountCents: o.TotalCents}
-					}
-					ev, err := event.New("payment", typ, o.Order.OrderID.String(), payload)
-					require.NoError(t, err)
-					return ev
-				},
-				Effect: onTimeline,
-			}, {
-				Stream: streams.Inventory, Durable: streams.OrderInventory,
-				Handler: s.handleInventoryEvent, BatchHandler: s.batchHandler(inventoryTypes),
-				// A reservation or a refusal of a PAID order's stock, in
-				// turn across all the kit's runs.
-				NewEvent: func(t testing.TB, env conformance.Env) conformance.Event {
-					o := placedOrder(t, env, StatusPaid)
-					var payload any = event.StockReservedV1{Order: o.Order, Lines: o.Lines}
-					typ := event.StockReserved
-					if made.Add(1)%2 == 1 {
-						typ, payload = event.StockRejected, event.StockRejectedV1{Order: o.Order, AmountCents: o.TotalCents, Reason: "out of apple"}
-					}
-					ev, err := event.New("inventory", typ, o.Order.OrderID.String(), payload)
-					require.NoError(t, err)
-					return ev
-				},
-				Effect: onTimeline,
-			}}
+			return conformance.Wired(s.Subscriptions(), map[string][]conformance.Test{
+				streams.OrderPayments: {{
+					// A debit or a rejection of a PENDING order, or the refund
+					// of a PAID one, in turn across all the kit's runs.
+					NewEvent: func(t testing.TB, env conformance.Env) conformance.Event {
+						n := made.Add(1) % 3
+						status := StatusPending
+						if n == 2 {
+							status = StatusPaid
+						}
+						o := placedOrder(t, env, status)
+						typ, payload := event.PaymentDebited, any(event.PaymentDebitedV1{Order: o.Order, Lines: o.Lines, AmountCents: o.TotalCents})
+						switch n {
+						case 1:
+							typ, payload = event.PaymentRejected, event.PaymentRejectedV1{Order: o.Order, AmountCents: o.TotalCents, Reason: "insufficient funds"}
+						case 2:
+							typ, payload = event.PaymentRefunded, event.PaymentRefundedV1{Order: o.Order, AmountCents: o.TotalCents}
+						}
+						ev, err := event.New("payment", typ, o.Order.OrderID.String(), payload)
+						require.NoError(t, err)
+						return ev
+					},
+					Effect: onTimeline,
+				}},
+				streams.OrderInventory: {{
+					// A reservation or a refusal of a PAID order's stock, in
+					// turn across all the kit's runs.
+					NewEvent: func(t testing.TB, env conformance.Env) conformance.Event {
+						o := placedOrder(t, env, StatusPaid)
+						var payload any = event.StockReservedV1{Order: o.Order, Lines: o.Lines}
+						typ := event.StockReserved
+						if made.Add(1)%2 == 1 {
+							typ, payload = event.StockRejected, event.StockRejectedV1{Order: o.Order, AmountCents: o.TotalCents, Reason: "out of apple"}
+						}
+						ev, err := event.New("inventory", typ, o.Order.OrderID.String(), payload)
+						require.NoError(t, err)
+						return ev
+					},
+					Effect: onTimeline,
+				}},
+			})
 		},
 	})
 }

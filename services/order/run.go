@@ -35,15 +35,21 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		return app.Spec{
 			// The pipelined relay: the saga waits on it at every hop.
 			PipelinedRelay: true,
-			Subscriptions: []app.Subscription{
-				{Stream: streams.Payments, Durable: streams.OrderPayments, Handler: s.handlePaymentEvent,
-					Batched: true, BatchHandler: s.batchHandler(paymentTypes)},
-				{Stream: streams.Inventory, Durable: streams.OrderInventory, Handler: s.handleInventoryEvent,
-					Batched: true, BatchHandler: s.batchHandler(inventoryTypes)},
-			},
-			Routes:     s.Routes,
-			Public:     PublicRoutes(),
-			Background: []func(context.Context) error{s.admission.Run, expirer.Run},
+			Subscriptions:  s.Subscriptions(),
+			Routes:         s.Routes,
+			Public:         PublicRoutes(),
+			Background:     []func(context.Context) error{s.admission.Run, expirer.Run},
 		}, nil
 	})
+}
+
+// Subscriptions are the durables the service consumes, as Run wires them;
+// its conformance test runs the kit on this list (conformance.Wired).
+func (s *Service) Subscriptions() []app.Subscription {
+	return []app.Subscription{
+		{Durable: streams.OrderPayments, Handler: s.handlePaymentEvent,
+			Batched: true, BatchHandler: s.batchHandler(paymentTypes)},
+		{Durable: streams.OrderInventory, Handler: s.handleInventoryEvent,
+			Batched: true, BatchHandler: s.batchHandler(inventoryTypes)},
+	}
 }

@@ -60,44 +60,42 @@ func TestConformance(t *testing.T) {
 				require.NoError(t, ev.Decode(&p))
 				return ev, p
 			}
-			return []conformance.Subscription{{
-				Stream: streams.Orders, Durable: streams.PaymentOrders,
-				Handler: s.HandleOrderPlaced, BatchHandler: s.HandleOrderPlacedBatch,
-				NewEvent: placed, NewEvents: placedN,
-				Effect: conformance.Count(`SELECT count(*)::int FROM payments WHERE order_id = $1::uuid`, orderOf),
-			}, {
-				Stream: streams.Inventory, Durable: streams.PaymentInventory,
-				Handler: s.HandleStockRejected, BatchHandler: s.HandleStockRejectedBatch,
-				// The StockRejected of an order debited before.
-				NewEvent: func(t testing.TB, env conformance.Env) conformance.Event {
-					ev, p := debited(t, env)
-					rejected, err := ev.Caused("inventory", event.StockRejected, event.StockRejectedV1{Order: p.Order, AmountCents: p.TotalCents, Reason: "out of apple"})
-					require.NoError(t, err)
-					return rejected
-				},
-				Effect: conformance.Count(`SELECT count(*)::int FROM payments WHERE order_id = $1::uuid AND status = 'REFUNDED'`, orderOf),
-			}, {
-				Stream: streams.Orders, Durable: streams.PaymentExpiries,
-				Handler: s.HandleOrderExpired, BatchHandler: s.HandleOrderExpiredBatch,
-				// The OrderExpired of an order debited before, PAID at its
-				// deadline.
-				NewEvent: func(t testing.TB, env conformance.Env) conformance.Event {
-					_, p := debited(t, env)
-					ev, err := event.New("order", event.OrderExpired, p.OrderID.String(), event.OrderExpiredV1{
-						Order: p.Order, Deadline: time.Now().UTC(), Status: "PAID", TotalCents: p.TotalCents,
-					})
-					require.NoError(t, err)
-					return ev
-				},
-				// The refunds of the order: none until its payment is
-				// REFUNDED, then as many as its amount is back in the
-				// wallet, which the debit emptied; a refund paid twice
-				// counts 2.
-				Effect: conformance.Count(`
-					SELECT CASE p.status WHEN 'REFUNDED' THEN w.balance_cents / p.amount_cents ELSE 0 END::int
-					FROM payments p JOIN wallets w USING (customer_id)
-					WHERE p.order_id = $1::uuid`, orderOf),
-			}}
+			return conformance.Wired(s.Subscriptions(), map[string][]conformance.Test{
+				streams.PaymentOrders: {{
+					NewEvent: placed, NewEvents: placedN,
+					Effect: conformance.Count(`SELECT count(*)::int FROM payments WHERE order_id = $1::uuid`, orderOf),
+				}},
+				streams.PaymentInventory: {{
+					// The StockRejected of an order debited before.
+					NewEvent: func(t testing.TB, env conformance.Env) conformance.Event {
+						ev, p := debited(t, env)
+						rejected, err := ev.Caused("inventory", event.StockRejected, event.StockRejectedV1{Order: p.Order, AmountCents: p.TotalCents, Reason: "out of apple"})
+						require.NoError(t, err)
+						return rejected
+					},
+					Effect: conformance.Count(`SELECT count(*)::int FROM payments WHERE order_id = $1::uuid AND status = 'REFUNDED'`, orderOf),
+				}},
+				streams.PaymentExpiries: {{
+					// The OrderExpired of an order debited before, PAID at its
+					// deadline.
+					NewEvent: func(t testing.TB, env conformance.Env) conformance.Event {
+						_, p := debited(t, env)
+						ev, err := event.New("order", event.OrderExpired, p.OrderID.String(), event.OrderExpiredV1{
+							Order: p.Order, Deadline: time.Now().UTC(), Status: "PAID", TotalCents: p.TotalCents,
+						})
+						require.NoError(t, err)
+						return ev
+					},
+					// The refunds of the order: none until its payment is
+					// REFUNDED, then as many as its amount is back in the
+					// wallet, which the debit emptied; a refund paid twice
+					// counts 2.
+					Effect: conformance.Count(`
+						SELECT CASE p.status WHEN 'REFUNDED' THEN w.balance_cents / p.amount_cents ELSE 0 END::int
+						FROM payments p JOIN wallets w USING (customer_id)
+						WHERE p.order_id = $1::uuid`, orderOf),
+				}},
+			})
 		},
 	})
 }

@@ -18,15 +18,21 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		return app.Spec{
 			// The pipelined relay: the saga waits on it at every hop.
 			PipelinedRelay: true,
-			Subscriptions: []app.Subscription{
-				{Stream: streams.Orders, Durable: streams.PaymentOrders, Handler: s.HandleOrderPlaced,
-					Batched: true, BatchHandler: s.HandleOrderPlacedBatch},
-				{Stream: streams.Inventory, Durable: streams.PaymentInventory, Handler: s.HandleStockRejected,
-					Batched: true, BatchHandler: s.HandleStockRejectedBatch},
-				{Stream: streams.Orders, Durable: streams.PaymentExpiries, Handler: s.HandleOrderExpired,
-					Batched: true, BatchHandler: s.HandleOrderExpiredBatch},
-			},
-			Routes: s.Routes,
+			Subscriptions:  s.Subscriptions(),
+			Routes:         s.Routes,
 		}, nil
 	})
+}
+
+// Subscriptions are the durables the service consumes, as Run wires them;
+// its conformance test runs the kit on this list (conformance.Wired).
+func (s *Service) Subscriptions() []app.Subscription {
+	return []app.Subscription{
+		{Durable: streams.PaymentOrders, Handler: s.HandleOrderPlaced,
+			Batched: true, BatchHandler: s.HandleOrderPlacedBatch},
+		{Durable: streams.PaymentInventory, Handler: s.HandleStockRejected,
+			Batched: true, BatchHandler: s.HandleStockRejectedBatch},
+		{Durable: streams.PaymentExpiries, Handler: s.HandleOrderExpired,
+			Batched: true, BatchHandler: s.HandleOrderExpiredBatch},
+	}
 }

@@ -14,7 +14,8 @@ import (
 )
 
 // TestConformance runs the conformance kit against the service's handlers
-// as run.go wires them (docs/new-service.md, "Prove your handlers"):
+// as run.go wires them, its Subscriptions (docs/new-service.md, "Prove
+// your handlers"):
 // duplicates, a crash between commit and ack, writes only on the inbox's
 // transaction, emits only through the outbox, retries, dead letters,
 // replays and owners, in each mode the inbox runs. When the handlers'
@@ -29,21 +30,20 @@ func TestConformance(t *testing.T) {
 		Migrations: migrations,
 		New: func(env conformance.Env) []conformance.Subscription {
 			s := New(env.Pool)
-			return []conformance.Subscription{
-				{
-					Stream:  streams.Orders,
-					Durable: streams.LoyaltyOrders,
-					Handler: s.HandleOrderConfirmed,
-					// A OrderConfirmed of a new order of a customer of its own.
-					NewEvent: func(t testing.TB, _ conformance.Env) conformance.Event {
-						orderID, customer := uuid.Must(uuid.NewV7()), "c-"+uuid.NewString()
-						ev, err := event.New("order", event.OrderConfirmed, orderID.String(), event.OrderConfirmedV1{Order: event.Order{OrderID: orderID, CustomerID: customer}, TotalCents: 300})
-						require.NoError(t, err)
-						return ev
+			return conformance.Wired(s.Subscriptions(), map[string][]conformance.Test{
+				streams.LoyaltyOrders: {
+					{
+						// A OrderConfirmed of a new order of a customer of its own.
+						NewEvent: func(t testing.TB, _ conformance.Env) conformance.Event {
+							orderID, customer := uuid.Must(uuid.NewV7()), "c-"+uuid.NewString()
+							ev, err := event.New("order", event.OrderConfirmed, orderID.String(), event.OrderConfirmedV1{Order: event.Order{OrderID: orderID, CustomerID: customer}, TotalCents: 300})
+							require.NoError(t, err)
+							return ev
+						},
+						Effect: customerEffect,
 					},
-					Effect: customerEffect,
 				},
-			}
+			})
 		},
 	})
 }
