@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/onceflow/onceflow/internal/streams"
 )
 
 // provisionPoll is how often a service looks for its durables until
@@ -20,12 +22,13 @@ const provisionPoll = time.Second
 // as an identity of its own), and may start first: it waits for them
 // instead of failing.
 type provisioned struct {
-	subs    []Subscription
-	missing atomic.Pointer[string] // why not ready; nil once every durable exists
+	subs     []Subscription
+	topology streams.Topology       // where each durable's stream is
+	missing  atomic.Pointer[string] // why not ready; nil once every durable exists
 }
 
 func newProvisioned(subs []Subscription) *provisioned {
-	p := &provisioned{subs: subs}
+	p := &provisioned{subs: subs, topology: saga()}
 	if len(subs) > 0 {
 		p.setMissing(subs[0], nil)
 	}
@@ -33,7 +36,7 @@ func newProvisioned(subs []Subscription) *provisioned {
 }
 
 func (p *provisioned) setMissing(sub Subscription, err error) {
-	why := fmt.Sprintf("waiting for `onceflow provision` to create durable %s on stream %s", sub.Durable, streamOf(saga(), sub.Durable))
+	why := fmt.Sprintf("waiting for `onceflow provision` to create durable %s on stream %s", sub.Durable, streamOf(p.topology, sub.Durable))
 	if err != nil {
 		why += fmt.Sprintf(" (%v)", err)
 	}
@@ -54,8 +57,9 @@ func (p *provisioned) wait(ctx context.Context, js jetstream.JetStream, logger *
 	defer ticker.Stop()
 	logged := false
 	for _, sub := range p.subs {
+		stream := streamOf(p.topology, sub.Durable)
 		for {
-			_, err := js.Consumer(ctx, streamOf(saga(), sub.Durable), sub.Durable)
+			_, err := js.Consumer(ctx, stream, sub.Durable)
 			if err == nil {
 				break
 			}
@@ -65,7 +69,7 @@ func (p *provisioned) wait(ctx context.Context, js jetstream.JetStream, logger *
 			p.setMissing(sub, err)
 			if !logged {
 				logger.WarnContext(ctx, "durable consumer missing; waiting for `onceflow provision`",
-					"stream", streamOf(saga(), sub.Durable), "consumer", sub.Durable, "err", err)
+					"stream", stream, "consumer", sub.Durable, "err", err)
 				logged = true
 			}
 			select {
