@@ -16,6 +16,7 @@ type partitionObserver struct {
 	partitions *prometheus.GaugeVec
 	until      *prometheus.GaugeVec
 	maintained *prometheus.GaugeVec
+	unmoved    *prometheus.GaugeVec
 }
 
 var _ partition.Observer = partitionObserver{}
@@ -40,8 +41,13 @@ func newPartitionObserver(reg prometheus.Registerer) (partitionObserver, error) 
 			Name: "onceflow_partition_maintenance_last_success_timestamp_seconds",
 			Help: "End of the last partition maintenance round of a table that succeeded, in Unix seconds.",
 		}, []string{"table"}),
+		unmoved: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "onceflow_partition_default_unmoved_rows",
+			Help: "Rows of a range that the last move out of a table's DEFAULT partition could not move (the outbox's unsent rows, counted up to 5,001), which keep its partition from being made; 0 once a move moved them all.",
+		}, []string{"table"}),
 	}
-	return o, errors.Join(reg.Register(o.steps), reg.Register(o.partitions), reg.Register(o.until), reg.Register(o.maintained))
+	return o, errors.Join(reg.Register(o.steps), reg.Register(o.partitions), reg.Register(o.until), reg.Register(o.maintained),
+		reg.Register(o.unmoved))
 }
 
 func (o partitionObserver) Step(table, op string, d time.Duration, err error) {
@@ -63,6 +69,10 @@ func (o partitionObserver) Partitions(table string, n int, until time.Time) {
 
 func (o partitionObserver) Maintained(table string, at time.Time) {
 	o.maintained.WithLabelValues(table).Set(float64(at.UnixNano()) / 1e9)
+}
+
+func (o partitionObserver) Unmoved(table string, rows int) {
+	o.unmoved.WithLabelValues(table).Set(float64(rows))
 }
 
 // maintenance is the service's partition maintenance: the inbox and the

@@ -45,7 +45,8 @@ func (m *Maintainer) prepare(ctx context.Context, t Table, r span) error {
 	if err != nil || !begun {
 		return err
 	}
-	left, err := m.moveRows(ctx, t, r)
+	left, unmoved, err := m.moveRows(ctx, t, r)
+	m.cfg.Observer.Unmoved(t.Name, unmoved)
 	if err != nil || left > 0 {
 		return err
 	}
@@ -58,9 +59,11 @@ func (m *Maintainer) prepare(ctx context.Context, t Table, r span) error {
 
 // moveRows moves the rows of r out of the DEFAULT partition of t, a batch a
 // transaction, and returns how many are left: none, or in the outbox at
-// most a batch of unsent rows. It waits for the relay to send more, growing
-// pauses Config.Attempts times, before it gives up for this round.
-func (m *Maintainer) moveRows(ctx context.Context, t Table, r span) (int, error) {
+// most a batch of unsent rows, which create moves. It waits for the relay
+// to send more, growing pauses Config.Attempts times, before it gives up
+// for this round, and then returns too the rows it could not move (up to
+// a batch and one).
+func (m *Maintainer) moveRows(ctx context.Context, t Table, r span) (left, unmoved int, err error) {
 	waited := 0
 	for {
 		start := time.Now()
@@ -70,21 +73,22 @@ func (m *Maintainer) moveRows(ctx context.Context, t Table, r span) (int, error)
 		m.cfg.Observer.Step(t.Name, "move", time.Since(start), err)
 		switch {
 		case err != nil:
-			return 0, fmt.Errorf("move rows into %s from %s: %w", t.Name, r.lo.Format(time.RFC3339), err)
+			return 0, 0, fmt.Errorf("move rows into %s from %s: %w", t.Name, r.lo.Format(time.RFC3339), err)
 		case res.LeftBehind == 0:
-			return 0, nil
+			return 0, 0, nil
 		case res.Moved > 0:
 			waited = 0
 			continue
 		case res.LeftBehind <= moveBatch:
-			return int(res.LeftBehind), nil
+			return int(res.LeftBehind), 0, nil
 		case waited == m.cfg.Attempts:
-			return 0, fmt.Errorf("rows of %s from %s wait unsent in its DEFAULT partition", t.Name, r.lo.Format(time.RFC3339))
+			return 0, int(res.LeftBehind), fmt.Errorf("rows of %s from %s wait unsent in its DEFAULT partition (at least %d)",
+				t.Name, r.lo.Format(time.RFC3339), res.LeftBehind)
 		}
 		waited++
 		select {
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, 0, ctx.Err()
 		case <-time.After(time.Duration(waited) * m.cfg.LockTimeout):
 		}
 	}

@@ -269,6 +269,7 @@ func (s *stepTimes) Step(_, op string, d time.Duration, _ error) {
 
 func (s *stepTimes) Partitions(string, int, time.Time) {}
 func (s *stepTimes) Maintained(string, time.Time)      {}
+func (s *stepTimes) Unmoved(string, int)               {}
 
 func (s *stepTimes) String() string {
 	s.mu.Lock()

@@ -17,10 +17,11 @@ type recorder struct {
 	partitions map[string]int
 	until      map[string]time.Time
 	maintained map[string]time.Time
+	unmoved    map[string]int
 }
 
 func newRecorder() *recorder {
-	return &recorder{partitions: map[string]int{}, until: map[string]time.Time{}, maintained: map[string]time.Time{}}
+	return &recorder{partitions: map[string]int{}, until: map[string]time.Time{}, maintained: map[string]time.Time{}, unmoved: map[string]int{}}
 }
 
 func (r *recorder) Step(string, string, time.Duration, error) {}
@@ -35,6 +36,12 @@ func (r *recorder) Maintained(table string, at time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.maintained[table] = at
+}
+
+func (r *recorder) Unmoved(table string, rows int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.unmoved[table] = rows
 }
 
 // A round tells how many partitions there are and how far they reach, also

@@ -111,6 +111,10 @@ type Observer interface {
 	// Maintained is the end of a round on table that succeeded, at the
 	// maintenance's clock.
 	Maintained(table string, at time.Time)
+	// Unmoved is the end of a move out of the DEFAULT partition of table:
+	// the rows of its range it could not move (the outbox's unsent ones,
+	// counted up to a batch and one), none once it moved them all.
+	Unmoved(table string, rows int)
 }
 
 type nopObserver struct{}
@@ -118,6 +122,7 @@ type nopObserver struct{}
 func (nopObserver) Step(string, string, time.Duration, error) {}
 func (nopObserver) Partitions(string, int, time.Time)         {}
 func (nopObserver) Maintained(string, time.Time)              {}
+func (nopObserver) Unmoved(string, int)                       {}
 
 // Result is what a round did to a table.
 type Result struct {
