@@ -46,8 +46,11 @@
 //     transaction, which holds the DEFAULT partition's lock for that.
 //     Producers' rows of the range are refused (23514) while it moves;
 //     only a range written while the maintenance was hours behind moves.
-//     A redrive that runs during a move does not see the sent rows out of
-//     sight, and republishes them no more.
+//     A redrive would not see the sent rows out of sight, and so would
+//     not publish them again: it is refused while a move of the outbox
+//     is under way (55006, db/migrations/platform/00020), and a batch
+//     waits for a redrive in flight, so that it moves only rows the
+//     redrive leaves sent.
 //   - Writers of other ranges wait at most the lock timeout and a catalog
 //     change; no step scans a table under a lock a writer waits for, and
 //     no step's length grows with the rows to move but a batch's.
@@ -69,4 +72,10 @@
 // differ agree on it. The floor rises to the upper bound of the partition
 // dropped (00017), not past a gap above it, which may be within the
 // retention.
+//
+// Replicas' rounds may run at once: each step that creates a partition,
+// begins a move or drops one takes the table's SHARE UPDATE EXCLUSIVE
+// lock first, which no writer takes and which conflicts with itself, so
+// one maintainer's step goes at a time and the other's finds the work
+// done (00019).
 package partition
