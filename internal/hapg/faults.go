@@ -165,7 +165,7 @@ func (c *Cluster) awaitPrimary(ctx context.Context, i int) error {
 }
 
 // query runs sql, which reads one boolean, on node i.
-func (c *Cluster) query(ctx context.Context, i int, sql string) (bool, error) {
+func (c *Cluster) query(ctx context.Context, i int, sql string, args ...any) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, c.NodeURL(i, "postgres"))
@@ -174,7 +174,7 @@ func (c *Cluster) query(ctx context.Context, i int, sql string) (bool, error) {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var ok bool
-	err = conn.QueryRow(ctx, sql).Scan(&ok)
+	err = conn.QueryRow(ctx, sql, args...).Scan(&ok)
 	return ok, err
 }
 
@@ -201,4 +201,32 @@ func (c *Cluster) do(ctx context.Context, method, url string, body []byte, timeo
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return string(b), resp.StatusCode, err
+}
+
+// AwaitReplay waits until the standby has replayed what the primary had
+// written when it was called. A synchronous standby confirms a commit once
+// the WAL is flushed, before it is replayed: a database just created may not
+// be there yet, and pgx gives up a multi-host connection at the first
+// server that answers that the database does not exist.
+func (c *Cluster) AwaitReplay(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	primary, err := c.primary(ctx)
+	if err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, c.NodeURL(primary, "postgres"))
+	if err != nil {
+		return fmt.Errorf("hapg: %w", err)
+	}
+	var written string
+	err = conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&written)
+	_ = conn.Close(ctx)
+	if err != nil {
+		return fmt.Errorf("hapg: %w", err)
+	}
+	standby := (primary + 1) % nodes
+	return await(ctx, c.etcd, c.nodes[standby].name+" replayed "+written, func(ctx context.Context) (bool, error) {
+		return c.query(ctx, standby, `SELECT coalesce(pg_last_wal_replay_lsn() >= $1::pg_lsn, false)`, written)
+	})
 }

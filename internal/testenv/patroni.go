@@ -57,6 +57,9 @@ func NewHADatabase(t testing.TB, cfg hapg.Config, service string) *HADatabase {
 	if err != nil {
 		t.Fatalf("testenv: create database: %v", err)
 	}
+	if err := c.AwaitReplay(ctx); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
 	d := &HADatabase{Name: name, URL: c.URL(name), Cluster: c}
 	if err := postgres.MigrateService(ctx, d.URL, service, logger); err != nil {
 		t.Fatalf("testenv: %v", err)
