@@ -101,9 +101,13 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Cluster, erro
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "onceflow-hapg-")
+	removeAbandoned(os.TempDir(), logger)
+	dir, err := os.MkdirTemp("", tempDirPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("hapg: create the cluster directory: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		return nil, errors.Join(fmt.Errorf("hapg: record the cluster directory's owner: %w", err), os.RemoveAll(dir))
 	}
 	c := &Cluster{
 		logger: logger, cfg: cfg, dir: dir, cred: cred, ports: &freeport.Pool{},
@@ -353,3 +357,40 @@ func await(ctx context.Context, p *process, what string, cond func(context.Conte
 
 // Dir is the cluster's directory: etcd's and each node's data and logs.
 func (c *Cluster) Dir() string { return c.dir }
+
+const (
+	// tempDirPrefix begins the name of a cluster's directory.
+	tempDirPrefix = "onceflow-hapg-"
+	// ownerFile, in a cluster's directory, holds the process id of the
+	// process that started the cluster.
+	ownerFile = "owner.pid"
+)
+
+// removeAbandoned stops the servers of the clusters in tmp whose owner is
+// gone, and removes their directories. A test binary that dies takes etcd
+// and Patroni with it (their parent-death signal), but not the postmasters
+// Patroni started, each in a session of its own.
+func removeAbandoned(tmp string, logger *slog.Logger) {
+	dirs, _ := filepath.Glob(filepath.Join(tmp, tempDirPrefix+"*"))
+	for _, dir := range dirs {
+		b, err := os.ReadFile(filepath.Join(dir, ownerFile))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(string(b))
+		if err != nil || pid <= 0 || !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+			continue
+		}
+		data, _ := filepath.Glob(filepath.Join(dir, "node*", "data"))
+		for _, d := range data {
+			if err := localpg.ReapProcesses(context.Background(), d); err != nil {
+				logger.Warn("stop an abandoned patroni node", "dir", d, "err", err)
+			}
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			logger.Warn("remove an abandoned patroni cluster directory", "dir", dir, "err", err)
+			continue
+		}
+		logger.Info("removed an abandoned patroni cluster", "dir", dir, "owner_pid", pid)
+	}
+}
