@@ -45,6 +45,8 @@ type Config struct {
 	// asynchronously, PostgreSQL's default, and a failover may lose the
 	// transactions it had not received.
 	Async bool
+	// MaxConnections is each node's max_connections; zero means 200.
+	MaxConnections int
 }
 
 // Cluster is a running Patroni cluster. Its methods are safe for concurrent
@@ -246,7 +248,8 @@ func (c *Cluster) patroniConfig(n *node, scope string) map[string]any {
 					"use_slots": true,
 					"parameters": map[string]any{
 						"wal_level": "replica", "hot_standby": "on", "wal_log_hints": "on",
-						"max_wal_senders": 10, "max_replication_slots": 10, "max_connections": 200,
+						"max_wal_senders": 10, "max_replication_slots": 10,
+						"max_connections": cmp.Or(c.cfg.MaxConnections, 200),
 					},
 				},
 			},

@@ -26,15 +26,11 @@ type HADatabase struct {
 	Cluster *hapg.Cluster
 }
 
-// NewHADatabase starts a Patroni cluster for the test, configured by cfg,
-// and creates a database on it migrated as service's ("" for the
-// platform's migrations alone). When the test ends the cluster is stopped,
-// with every process it started.
-func NewHADatabase(t testing.TB, cfg hapg.Config, service string) *HADatabase {
+// NewHACluster starts a Patroni cluster for the test, configured by cfg,
+// and stops it, with every process it started, when the test ends.
+func NewHACluster(t testing.TB, cfg hapg.Config) *hapg.Cluster {
 	t.Helper()
-	ctx := t.Context()
-	logger := slog.New(slog.NewTextHandler(t.Output(), nil)).With("component", "hapg")
-	c, err := hapg.Start(ctx, cfg, logger)
+	c, err := hapg.Start(t.Context(), cfg, haLogger(t))
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
@@ -46,7 +42,20 @@ func NewHADatabase(t testing.TB, cfg hapg.Config, service string) *HADatabase {
 			t.Errorf("testenv: %v", err)
 		}
 	})
+	return c
+}
 
+func haLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), nil)).With("component", "hapg")
+}
+
+// NewHADatabase starts a Patroni cluster for the test (NewHACluster) and
+// creates a database on it migrated as service's ("" for the platform's
+// migrations alone).
+func NewHADatabase(t testing.TB, cfg hapg.Config, service string) *HADatabase {
+	t.Helper()
+	ctx := t.Context()
+	c := NewHACluster(t, cfg)
 	const name = "service"
 	admin, err := postgres.Connect(ctx, c.URL("postgres"))
 	if err != nil {
@@ -61,7 +70,7 @@ func NewHADatabase(t testing.TB, cfg hapg.Config, service string) *HADatabase {
 		t.Fatalf("testenv: %v", err)
 	}
 	d := &HADatabase{Name: name, URL: c.URL(name), Cluster: c}
-	if err := postgres.MigrateService(ctx, d.URL, service, logger); err != nil {
+	if err := postgres.MigrateService(ctx, d.URL, service, haLogger(t)); err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
 	if d.Pool, err = postgres.Connect(ctx, d.URL); err != nil {
