@@ -12,9 +12,10 @@
 // Guarantees: Start returns once the primary accepts writes and the standby
 // streams from it (synchronously unless Async); URL connects to whichever
 // node is the primary (a multi-host URL with target_session_attrs); each
-// fault (Switchover, KillPrimary) returns once a primary accepts writes
-// again; Stop leaves no process behind, the PostgreSQL servers whose
-// Patroni was killed included. Each node's replication connection to the
+// fault (Switchover, CrashPrimary, KillPrimary) returns once a primary
+// accepts writes again; Stop leaves no process behind, the PostgreSQL
+// servers whose Patroni was killed included, and Start stops those a test
+// binary that died left behind. Each node's replication connection to the
 // other goes through a proxy in this process, which HoldReplication stops
 // forwarding: the standby then falls behind on purpose, not by timing.
 package hapg

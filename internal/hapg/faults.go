@@ -87,19 +87,41 @@ func (c *Cluster) KillPrimary(ctx context.Context) (int, error) {
 	// Patroni first, so that it cannot restart the server.
 	n.patroni.kill()
 	n.patroni = nil
-	pid, err := postmasterPID(n.dataDir())
-	if err != nil {
+	if err := c.killPostmaster(ctx, n); err != nil {
 		return -1, fmt.Errorf("hapg: kill primary: %w", err)
 	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		return -1, fmt.Errorf("hapg: kill primary's postmaster %d: %w", pid, err)
-	}
-	c.logger.InfoContext(ctx, "patroni primary killed", "node", n.name, "postmaster", pid)
 	to := (dead + 1) % nodes
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	if err := c.awaitPrimary(ctx, to); err != nil {
 		return -1, fmt.Errorf("hapg: after killing the primary: %w", err)
+	}
+	c.logger.InfoContext(ctx, "patroni failover", "from", n.name, "to", c.nodes[to].name)
+	return to, nil
+}
+
+// CrashPrimary kills the primary's postmaster with SIGKILL, as the OOM
+// killer would, and leaves its Patroni running. Patroni fails over rather
+// than restart it (primary_start_timeout is 0): it releases the leader key,
+// the standby is promoted, and the old primary follows it, rewound if it
+// had WAL the new one lacks. It returns the new primary's index once the
+// old one replicates from it as configured.
+func (c *Cluster) CrashPrimary(ctx context.Context) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	crashed, err := c.primary(ctx)
+	if err != nil {
+		return -1, err
+	}
+	n := c.nodes[crashed]
+	if err := c.killPostmaster(ctx, n); err != nil {
+		return -1, fmt.Errorf("hapg: crash primary: %w", err)
+	}
+	to := (crashed + 1) % nodes
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	if _, err := c.awaitReplicating(ctx, to); err != nil {
+		return -1, fmt.Errorf("hapg: after crashing the primary: %w", err)
 	}
 	c.logger.InfoContext(ctx, "patroni failover", "from", n.name, "to", c.nodes[to].name)
 	return to, nil
@@ -113,6 +135,20 @@ func (c *Cluster) HoldReplication() {
 	for _, n := range c.nodes {
 		n.proxy.hold()
 	}
+}
+
+// killPostmaster kills node n's postmaster with SIGKILL; its backends see
+// it gone and exit.
+func (c *Cluster) killPostmaster(ctx context.Context, n *node) error {
+	pid, err := postmasterPID(n.dataDir())
+	if err != nil {
+		return err
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("kill postmaster %d: %w", pid, err)
+	}
+	c.logger.InfoContext(ctx, "patroni node's postmaster killed", "node", n.name, "postmaster", pid)
+	return nil
 }
 
 // postmasterPID reads the postmaster's process id from its pid file.

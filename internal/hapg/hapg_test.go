@@ -81,3 +81,19 @@ func TestAClusterSurvivesASwitchoverAndItsPrimarysDeath(t *testing.T) {
 	require.Equal(t, first, third)
 	require.Equal(t, 3, writes(t, c, 3), "the synchronous standby had both rows")
 }
+
+// A primary whose postmaster dies while its Patroni lives fails over, and
+// the old primary comes back as the standby of the new one.
+func TestACrashedPrimaryFailsOverAndFollows(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	c := start(t, hapg.Config{})
+	first, err := c.Primary(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, writes(t, c, 1))
+
+	second, err := c.CrashPrimary(ctx)
+	require.NoError(t, err)
+	require.NotEqual(t, first, second)
+	require.Equal(t, 2, writes(t, c, 2), "the synchronous standby had the row")
+}
