@@ -44,6 +44,11 @@
 // stored was refused (error 10201) and published again a message at a
 // time.
 //
+// TestDatabaseFailover runs the four databases on a Patroni cluster of
+// their own (package hapg: a primary, a synchronous standby and etcd, from
+// Debian's patroni and etcd-server), reached through a multi-host URL, and
+// switches it over and then kills its primary's node during the load.
+//
 // The scenarios run two at a time (t.Parallel), each on its own NATS server,
 // processes and databases, except TestDatabaseRestart and
 // TestDatabaseCrash, which restart or crash the shared PostgreSQL server

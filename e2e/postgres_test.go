@@ -30,6 +30,10 @@ type pgServer struct {
 	// may come back on another host port.
 	cluster *localpg.Cluster
 	stopFn  func(context.Context) error
+	// replicated, when set, waits until what was just written is on every
+	// node of a highly available server: pgx gives up a multi-host
+	// connection at a standby that has not replayed its database yet.
+	replicated func(context.Context) error
 }
 
 // startPostgres starts the server: TEST_DATABASE_URL's if set, else a
@@ -132,6 +136,11 @@ func (s *pgServer) urlVia(database, addr string) string {
 func (s *pgServer) createDatabase(ctx context.Context, name string) error {
 	if _, err := s.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return fmt.Errorf("create database %s: %w", name, err)
+	}
+	if s.replicated != nil {
+		if err := s.replicated(ctx); err != nil {
+			return fmt.Errorf("create database %s: %w", name, err)
+		}
 	}
 	return nil
 }

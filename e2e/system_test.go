@@ -75,27 +75,38 @@ type system struct {
 // The services start with start.
 func newSystem(t *testing.T) *system {
 	t.Helper()
-	return newSystemWith(t, func(sys *system) {
-		ports := testenv.FreePorts(t, 2)
-		n, err := startNATS(t.Context(), shared.natsBin, sys.dir, sys.authConf, ports[0], ports[1])
-		if err != nil {
-			t.Fatalf("e2e: %v", err)
-		}
-		t.Cleanup(n.stop)
-		sys.nats, sys.natsURL = n, n.url()
-	})
+	return newSystemWith(t, startOneNATS)
+}
+
+// startOneNATS starts the scenario's NATS server, a single one.
+func startOneNATS(sys *system) {
+	t := sys.t
+	ports := testenv.FreePorts(t, 2)
+	n, err := startNATS(t.Context(), shared.natsBin, sys.dir, sys.authConf, ports[0], ports[1])
+	if err != nil {
+		t.Fatalf("e2e: %v", err)
+	}
+	t.Cleanup(n.stop)
+	sys.nats, sys.natsURL = n, n.url()
 }
 
 // newSystemWith is newSystem with the broker started by startBroker, which
 // sets sys.natsURL.
 func newSystemWith(t *testing.T, startBroker func(sys *system)) *system {
 	t.Helper()
+	return newSystemOn(t, shared.pg, startBroker)
+}
+
+// newSystemOn is newSystemWith with the four databases on pg instead of
+// the suite's server.
+func newSystemOn(t *testing.T, pg *pgServer, startBroker func(sys *system)) *system {
+	t.Helper()
 	shared.trackSources(t)
 	ctx := t.Context()
 	sys := &system{
 		t:        t,
 		dir:      t.TempDir(),
-		pg:       shared.pg,
+		pg:       pg,
 		dbNames:  map[string]string{},
 		pools:    map[string]*pgxpool.Pool{},
 		faults:   newFaults(),

@@ -118,3 +118,11 @@ func processesIn(dir string) ([]int, error) {
 	}
 	return pids, nil
 }
+
+// ReapProcesses waits a few seconds for the PostgreSQL processes running in
+// dataDir to exit and kills those left, for a server that localpg did not
+// start: a Patroni node's postmaster runs in a session of its own, adopted
+// by init, so killing Patroni leaves it (and its backends) behind.
+func ReapProcesses(ctx context.Context, dataDir string) error {
+	return reapOrphans(ctx, dataDir)
+}

@@ -111,7 +111,7 @@ func startWith(ctx context.Context, cfg Config, logger *slog.Logger, pickPort fu
 	if err != nil {
 		return nil, err
 	}
-	cred, err := serverCredential()
+	cred, err := ServerCredential()
 	if err != nil {
 		return nil, err
 	}
@@ -549,9 +549,9 @@ func defaultBinDir() (string, error) {
 	return best, nil
 }
 
-// serverCredential is who runs initdb and postgres: the caller, unless the
+// ServerCredential is who runs initdb and postgres: the caller, unless the
 // caller is root, which PostgreSQL refuses; then the "postgres" OS user.
-func serverCredential() (*syscall.Credential, error) {
+func ServerCredential() (*syscall.Credential, error) {
 	if os.Geteuid() != 0 {
 		return nil, nil
 	}

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -79,9 +82,23 @@ func Connect(ctx context.Context, url string, configure ...func(*pgxpool.Config)
 	}
 	if err := ping(ctx, pool); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("ping %s@%s/%s: %w", cfg.ConnConfig.User, cfg.ConnConfig.Host, cfg.ConnConfig.Database, err)
+		return nil, fmt.Errorf("ping %s@%s/%s: %w", cfg.ConnConfig.User, hosts(cfg.ConnConfig.Config), cfg.ConnConfig.Database, err)
 	}
 	return pool, nil
+}
+
+// hosts lists the servers cfg tries, in order: a multi-host URL
+// (host=a,b, as a highly available database is reached) names several, and
+// an error naming only the first would send an operator to the wrong one.
+func hosts(cfg pgconn.Config) string {
+	list := []string{net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))}
+	for _, fb := range cfg.Fallbacks {
+		// sslmode=prefer adds a fallback without TLS per host.
+		if h := net.JoinHostPort(fb.Host, strconv.Itoa(int(fb.Port))); !slices.Contains(list, h) {
+			list = append(list, h)
+		}
+	}
+	return strings.Join(list, ",")
 }
 
 // startupPings is how many times Connect pings a server that does not

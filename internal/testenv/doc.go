@@ -2,10 +2,12 @@
 // database per test and a NATS server with JetStream. An embedded NATS server
 // trusts only natsauth's identities: NATS.Client gives each service, the
 // provisioner and the operator its own credentials, and NATS.Conn connects
-// as the test, with every right. It is imported only by
-// _test.go files; a package that uses it runs its tests through Run, which
-// stops the shared servers when they are done (without it, a test that asks
-// for one fails):
+// as the test, with every right. NewHADatabase gives a test a highly
+// available database of its own instead: a Patroni cluster of a primary and
+// a standby (package hapg), which the test can switch over, kill and hold
+// back. It is imported only by _test.go files; a package that uses it runs
+// its tests through Run, which stops the shared servers when they are done
+// (without it, a test that asks for one fails):
 //
 //	func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 //
