@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"regexp"
@@ -18,7 +19,9 @@ import (
 	"github.com/onceflow/onceflow/conformance"
 	"github.com/onceflow/onceflow/internal/app"
 	"github.com/onceflow/onceflow/internal/event"
+	"github.com/onceflow/onceflow/internal/postgres"
 	"github.com/onceflow/onceflow/internal/streams"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // A broken handler (or set-based handler: the other one is then the
@@ -219,7 +222,9 @@ func runChild(t *testing.T, pattern string) (failed map[string]bool, output map[
 	t.Helper()
 	cmd := exec.CommandContext(t.Context(), "go", "tool", "test2json", os.Args[0],
 		"-test.v=test2json", "-test.run="+pattern, "-test.parallel=4", "-test.count=1", "-test.timeout=5m")
-	cmd.Env = append(os.Environ(), brokenEnv+"=1")
+	// The child's databases on this binary's server: a cluster of its own
+	// would cost each child an initdb.
+	cmd.Env = append(os.Environ(), brokenEnv+"=1", "TEST_DATABASE_URL="+serverURL(t))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -245,6 +250,18 @@ func runChild(t *testing.T, pattern string) (failed map[string]bool, output map[
 		t.Fatalf("the child process failed without a failed test (%v):\n%s", err, stderr.String())
 	}
 	return failed, output
+}
+
+// serverURL is the URL of the PostgreSQL server this binary's databases
+// are on.
+func serverURL(t *testing.T) string {
+	t.Helper()
+	u, err := url.Parse(testenv.NewDatabase(t, postgres.Schema{}).URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path, u.RawPath = "/postgres", ""
+	return u.String()
 }
 
 // TestUntestedSubscriptionProcess is the child process of

@@ -96,9 +96,10 @@
 //     their entities (NewEvents: one customer, one SKU), delivered in one
 //     batch, commit with each event's effect once.
 //   - concurrent-events-on-one-entity: the same events run at once on two
-//     replicas of two workers each, each handler held after its first
-//     statement until the others ran theirs: a read that does not lock
-//     the row it then updates loses an update.
+//     replicas, each handler call held after its first statement (or as it
+//     returns) until every event's call is held or waits for a lock
+//     another holds, as the kit sees in pg_locks: a read that does not
+//     lock the row it then updates loses an update.
 //   - statement-error-retried: one statement of each event's handler (the
 //     first of the first event, the second of the second, …; savepoints
 //     included) fails once inside its transaction with a serialization

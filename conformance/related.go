@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -59,48 +58,6 @@ func batchOfRelatedEvents(t *testing.T, s *subject) {
 		}
 	}
 	s.requireClean(t, c, "after a batch of good events that share their entities")
-}
-
-// concurrentOnOneEntity delivers distinct events that share their
-// entities to two replicas of two workers each at once, holding each
-// handler after its first statement until the others have run theirs: a
-// read that does not lock what it then updates loses an update.
-func concurrentOnOneEntity(t *testing.T, s *subject) {
-	evs := s.newEvents(t, relatedEvents)
-	c := s.cleanRun(t, evs)
-	for _, ev := range evs {
-		s.publish(t, ev, "")
-	}
-	rv := newRendezvous(len(evs), 200*time.Millisecond)
-	hold := func(ctx context.Context, _ pgx.Tx, n int) error {
-		if n == 2 {
-			rv.arrive(ctx)
-		}
-		return nil
-	}
-	// One message a fetch on the reference path, so that the four
-	// handlers run at once; two on the batched ones, so that batches do.
-	batchSize := 1
-	if s.mode.batched {
-		batchSize = 2
-	}
-	h := hooks{workers: 2, batchSize: batchSize, handler: func(ctx context.Context, tx pgx.Tx, ev Event) error {
-		return s.sub.Handler(ctx, watch(tx, hold), ev)
-	}}
-	if s.sub.BatchHandler != nil {
-		h.batchHandler = func(ctx context.Context, tx pgx.Tx, evs []Event, writes *postgres.Pipeline) error {
-			return s.sub.BatchHandler(ctx, watch(tx, hold), evs, writes)
-		}
-	}
-	s.start(t, h)
-	s.start(t, h)
-	s.settled(t)
-	for i, ev := range evs {
-		if n := s.effect(t, ev); n != 1 {
-			t.Fatalf("event %d of %d events run concurrently on one entity has %d effects, not 1", i+1, len(evs), n)
-		}
-	}
-	s.requireClean(t, c, "after distinct events on one entity ran concurrently")
 }
 
 // statementErrorRetried fails one statement of each event's handler once,

@@ -3,8 +3,6 @@ package conformance
 import (
 	"context"
 	"errors"
-	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -110,36 +108,3 @@ func (b errBatch) Query() (pgx.Rows, error)         { return errRows{b.err}, b.e
 func (b errBatch) QueryRow() pgx.Row                { return errRows{b.err} }
 func (b errBatch) Close() error                     { return b.err }
 func (b errBatch) Tx() pgx.Tx                       { return b.tx }
-
-// rendezvous holds each handler that reaches it until want have, or wait
-// has passed since it came: the reads of concurrent handlers then all run
-// before any of their writes, the interleaving that loses an update when a
-// read does not lock. A handler that locks makes the others wait on its
-// lock instead, and goes on when wait has passed.
-type rendezvous struct {
-	want int
-	wait time.Duration
-	mu   sync.Mutex
-	n    int
-	all  chan struct{}
-}
-
-func newRendezvous(want int, wait time.Duration) *rendezvous {
-	return &rendezvous{want: want, wait: wait, all: make(chan struct{})}
-}
-
-func (r *rendezvous) arrive(ctx context.Context) {
-	r.mu.Lock()
-	r.n++
-	if r.n == r.want {
-		close(r.all)
-	}
-	r.mu.Unlock()
-	timer := time.NewTimer(r.wait)
-	defer timer.Stop()
-	select {
-	case <-r.all:
-	case <-timer.C:
-	case <-ctx.Done():
-	}
-}

@@ -311,17 +311,21 @@ func (s *subject) effect(t *testing.T, ev Event) int {
 func (s *subject) settled(t *testing.T) {
 	t.Helper()
 	await(t, func() (bool, error) {
-		ctx := t.Context()
-		cons, err := s.env.JS.Consumer(ctx, s.sub.Stream, s.sub.Durable)
-		if err != nil {
-			return false, err
-		}
-		info, err := cons.Info(ctx)
+		info, err := s.consumerInfo(t.Context())
 		if err != nil {
 			return false, err
 		}
 		return info.Delivered.Stream >= s.lastSeq.Load() && info.NumPending == 0 && info.NumAckPending == 0, nil
 	}, "the durable %s did not settle every message: acked or dead-lettered", s.sub.Durable)
+}
+
+// consumerInfo is the durable's state on the server.
+func (s *subject) consumerInfo(ctx context.Context) (*jetstream.ConsumerInfo, error) {
+	cons, err := s.env.JS.Consumer(ctx, s.sub.Stream, s.sub.Durable)
+	if err != nil {
+		return nil, err
+	}
+	return cons.Info(ctx)
 }
 
 // deadLetters returns the DLQ's messages of the subscription's durable.

@@ -3,9 +3,7 @@ package notify_test
 import (
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/conformance"
@@ -18,7 +16,8 @@ import (
 // TestConformance runs the conformance kit against notify's handler, in
 // each mode: each milestone (OrderPlaced, OrderConfirmed, OrderRejected,
 // OrderCancelled, in turn) writes one e-mail to its order's customer, and
-// so does an OrderExpired.
+// so does an OrderExpired; an order's milestones, together or at once,
+// write one each.
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	migrations, err := db.Migrations(notify.Name)
@@ -31,48 +30,55 @@ func TestConformance(t *testing.T) {
 			s := notify.New(env.Pool)
 			// A property runs one kind of event, so each type of the one
 			// durable is an entry of its own; the kit names the second
-			// notify-orders#01.
+			// notify-orders#01. Events that share their entities are
+			// milestones of one order, each of another kind, starting from
+			// the entry's own.
+			byEvent := conformance.Count(`SELECT count(*)::int FROM notifications WHERE event_id = $1`,
+				func(ev conformance.Event) any { return ev.ID })
 			return conformance.Wired(s.Subscriptions(), map[string][]conformance.Test{
 				streams.NotifyOrders: {{
 					// The milestones in turn, one per call, across all the
 					// kit's runs.
 					NewEvent: func(t testing.TB, _ conformance.Env) conformance.Event {
-						o := newOrder()
-						milestones := []struct {
-							typ     event.Type
-							payload any
-						}{
-							{event.OrderPlaced, event.OrderPlacedV1{Order: o, Lines: event.Lines{{SKU: "apple", Quantity: 1, UnitPriceCents: 120}}, TotalCents: 120}},
-							{event.OrderConfirmed, event.OrderConfirmedV1{Order: o, TotalCents: 120}},
-							{event.OrderRejected, event.OrderRejectedV1{Order: o, Reason: "payment rejected"}},
-							{event.OrderCancelled, event.OrderCancelledV1{Order: o, Reason: "out of apple"}},
-						}
-						m := milestones[int(made.Add(1))%len(milestones)]
-						ev, err := event.New("order", m.typ, o.OrderID.String(), m.payload)
-						require.NoError(t, err)
-						return ev
+						return newMilestone(t, int(made.Add(1))%expired)
 					},
-					Effect: conformance.Count(`SELECT count(*)::int FROM notifications WHERE order_id = $1::uuid`, orderOf),
+					NewEvents: func(t testing.TB, _ conformance.Env, n int) []conformance.Event { return milestones(t, 0, n) },
+					Effect:    byEvent,
 				}, {
 					NewEvent: func(t testing.TB, _ conformance.Env) conformance.Event {
-						o := newOrder()
-						ev, err := event.New("order", event.OrderExpired, o.OrderID.String(), event.OrderExpiredV1{
-							Order: o, Deadline: time.Now().UTC(), Status: "PENDING", TotalCents: 120,
-						})
-						require.NoError(t, err)
-						return ev
+						return newMilestone(t, expired)
 					},
-					Effect: conformance.Count(`SELECT count(*)::int FROM notifications WHERE order_id = $1::uuid AND kind = 'expired'`, orderOf),
+					NewEvents: func(t testing.TB, _ conformance.Env, n int) []conformance.Event { return milestones(t, expired, n) },
+					Effect:    byEvent,
 				}},
 			})
 		},
 	})
 }
 
-// newOrder is a new order of a customer with an e-mail address.
-func newOrder() event.Order {
-	return event.Order{OrderID: uuid.Must(uuid.NewV7()), CustomerID: "alice", CustomerEmail: "alice@example.com"}
+// kinds are the order events notify writes an e-mail for.
+var kinds = []event.Type{event.OrderPlaced, event.OrderConfirmed, event.OrderRejected, event.OrderCancelled, event.OrderExpired}
+
+// expired is OrderExpired's index in kinds.
+const expired = 4
+
+// newMilestone is the event of a new order's milestone kinds[i].
+func newMilestone(t testing.TB, i int) conformance.Event {
+	return milestone(t, orderPlaced(t, "alice", "alice@example.com"), kinds[i])
 }
 
-// orderOf is the order an event is about: its subject.
-func orderOf(ev conformance.Event) any { return ev.Subject }
+// milestones is n events that share their orders: the milestones of one
+// order from kinds[first] on, each of another kind (an order has one
+// e-mail per kind: of two of a kind, the first to commit would win), a new
+// order after every len(kinds).
+func milestones(t testing.TB, first, n int) []conformance.Event {
+	evs := make([]conformance.Event, n)
+	var placed event.Envelope
+	for i := range evs {
+		if i%len(kinds) == 0 {
+			placed = orderPlaced(t, "alice", "alice@example.com")
+		}
+		evs[i] = milestone(t, placed, kinds[(first+i)%len(kinds)])
+	}
+	return evs
+}

@@ -78,7 +78,7 @@ func (r *recorder) Sent() []notify.Message {
 	return append([]notify.Message(nil), r.sent...)
 }
 
-func orderPlaced(t *testing.T, customer, email string) event.Envelope {
+func orderPlaced(t testing.TB, customer, email string) event.Envelope {
 	t.Helper()
 	orderID := uuid.Must(uuid.NewV7())
 	ev, err := event.New("order", event.OrderPlaced, orderID.String(), event.OrderPlacedV1{
@@ -91,7 +91,7 @@ func orderPlaced(t *testing.T, customer, email string) event.Envelope {
 }
 
 // milestone is the order event of type typ that follows placed.
-func milestone(t *testing.T, placed event.Envelope, typ event.Type) event.Envelope {
+func milestone(t testing.TB, placed event.Envelope, typ event.Type) event.Envelope {
 	t.Helper()
 	if typ == event.OrderPlaced {
 		return placed

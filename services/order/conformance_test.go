@@ -52,6 +52,13 @@ func TestConformance(t *testing.T) {
 						require.NoError(t, err)
 						return ev
 					},
+					// Debits of one PENDING order: the first makes it PAID,
+					// the others are recorded and change nothing, whichever
+					// commits first.
+					NewEvents: func(t testing.TB, env conformance.Env, n int) []conformance.Event {
+						o := placedOrder(t, env, StatusPending)
+						return ofOneOrder(t, n, o.OrderID, "payment", event.PaymentDebited, event.PaymentDebitedV1{Order: o.Order, Lines: o.Lines, AmountCents: o.TotalCents})
+					},
 					Effect: onTimeline,
 				}},
 				streams.OrderInventory: {{
@@ -68,6 +75,12 @@ func TestConformance(t *testing.T) {
 						require.NoError(t, err)
 						return ev
 					},
+					// Refusals of one PAID order's stock: each is recorded,
+					// with its reason, and none moves the order.
+					NewEvents: func(t testing.TB, env conformance.Env, n int) []conformance.Event {
+						o := placedOrder(t, env, StatusPaid)
+						return ofOneOrder(t, n, o.OrderID, "inventory", event.StockRejected, event.StockRejectedV1{Order: o.Order, AmountCents: o.TotalCents, Reason: "out of apple"})
+					},
 					Effect: onTimeline,
 				}},
 			})
@@ -78,6 +91,19 @@ func TestConformance(t *testing.T) {
 // onTimeline counts an event's entries on its order's timeline.
 var onTimeline = conformance.Count(`SELECT count(*)::int FROM order_timeline WHERE event_id = $1`,
 	func(ev conformance.Event) any { return ev.ID })
+
+// ofOneOrder is n events of type typ with payload, each with an id of its
+// own, about one order: events that share their entity, the order's row,
+// whose effects do not depend on the order in which they commit.
+func ofOneOrder(t testing.TB, n int, order uuid.UUID, source string, typ event.Type, payload any) []conformance.Event {
+	evs := make([]conformance.Event, n)
+	for i := range evs {
+		var err error
+		evs[i], err = event.New(source, typ, order.String(), payload)
+		require.NoError(t, err)
+	}
+	return evs
+}
 
 // placedOrder writes a new order with status, as POST /orders and the
 // saga so far would have left it.
