@@ -36,7 +36,7 @@ var quotes = []quote{
 	{"README.md", "func (c *Consumer) processOne(", "internal/inbox/process.go", nil},
 	{"docs/new-service.md", "func TestMain(", golden + "services/loyalty/main_test.go", nil},
 	{"docs/new-service.md", "func TestConformance(", golden + "services/loyalty/conformance_test.go", nil},
-	{"docs/new-service.md", "- name: loyalty", "sqlc.yaml", asLoyalty},
+	{"docs/new-service.md", "- name: loyalty", "internal/scaffold/templates/sqlc.yaml.tmpl", strings.NewReplacer("{{.Name}}", "loyalty")},
 	{"docs/new-service.md", "func Run(", golden + "services/loyalty/run.go", nil},
 	{"docs/new-service.md", "PaymentOrders ", "internal/streams/streams.go", nil},
 	{"docs/new-service.md", "func (s *Service) HandleOrderConfirmed(", golden + "services/loyalty/loyalty.go", nil},
