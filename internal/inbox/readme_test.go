@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -50,13 +51,15 @@ var quotes = []quote{
 // README, docs/ and the conformance kit's package doc against the code it
 // quotes: its lines are the code's, in order and together, but for a line
 // "…", which stands for any lines, and but for the indentation of lines
-// nested deeper in the code.
+// nested deeper in the code. The names the Markdown quotes in its links
+// are checked too (links).
 func TestTheDocsQuoteTheCodeAsItIs(t *testing.T) {
 	t.Parallel()
 	docs, err := filepath.Glob(filepath.Join(repoRoot, "docs", "*.md"))
 	require.NoError(t, err)
 	docs = append(docs, filepath.Join(repoRoot, "README.md"), filepath.Join(repoRoot, "conformance", "doc.go"))
 	seen := make(map[quote]bool)
+	names := 0
 	for _, p := range docs {
 		doc, err := filepath.Rel(repoRoot, p)
 		require.NoError(t, err)
@@ -72,10 +75,50 @@ func TestTheDocsQuoteTheCodeAsItIs(t *testing.T) {
 			require.True(t, within(s, strings.Split(code, "\n")),
 				"%s: the snippet %q is not %s as it is:\n%s", doc, s[0], q.code, strings.Join(s, "\n"))
 		}
+		if strings.HasSuffix(p, ".md") {
+			names += links(t, p)
+		}
 	}
+	require.Positive(t, names, "no name quoted in a link was checked")
 	for _, q := range quotes {
 		require.True(t, seen[q], "%s has no snippet %q any more: drop it from quotes", q.doc, q.first)
 	}
+}
+
+var (
+	// A Markdown link: its text and its target, less an anchor.
+	linkRE = regexp.MustCompile(`\[([^\]]*)\]\(([^)#\s]*)(#[^)]*)?\)`)
+	// A Go name in a code span, as the guarantee table cites a function or
+	// a test: [`processOne`](internal/inbox/process.go).
+	nameRE = regexp.MustCompile("`([A-Za-z_][A-Za-z0-9_]*)`")
+)
+
+// links checks the links of the Markdown file at p to the repository: the
+// file or directory each names exists, and each Go name quoted in the text
+// of a link to a Go file is declared there (a function, a method, a type, a
+// constant, a variable or the package), so that a renamed test or function fails here
+// and not a reader. It returns how many names it checked.
+func links(t *testing.T, p string) (names int) {
+	t.Helper()
+	for _, m := range linkRE.FindAllStringSubmatch(string(readFile(t, p)), -1) {
+		text, target := m[1], m[2]
+		if target == "" || strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+			continue
+		}
+		file := filepath.Join(filepath.Dir(p), target)
+		_, err := os.Stat(file)
+		require.NoError(t, err, "%s: the link [%s](%s) leads nowhere", p, text, target)
+		if !strings.HasSuffix(target, ".go") {
+			continue
+		}
+		code := string(readFile(t, file))
+		for _, name := range nameRE.FindAllStringSubmatch(text, -1) {
+			declared := regexp.MustCompile(`(?m)^(func (\([^)]*\) )?|type |package |\s*(const |var )?)` + name[1] + `\b`)
+			require.True(t, declared.MatchString(code), "%s: [%s](%s) names %s, which %s does not declare", p, text, target, name[1], target)
+			names++
+		}
+	}
+	return names
 }
 
 // quoteOf is the quote of the snippet of doc that starts with first.
