@@ -91,34 +91,52 @@ var (
 	// A Go name in a code span, as the guarantee table cites a function or
 	// a test: [`processOne`](internal/inbox/process.go).
 	nameRE = regexp.MustCompile("`([A-Za-z_][A-Za-z0-9_]*)`")
+	// A Go name quoted as being in a linked file: `nextStatus` in
+	// [order.go](../services/order/order.go).
+	nameInRE = regexp.MustCompile("`([A-Za-z_][A-Za-z0-9_]*)` in \\[[^\\]]*\\]\\(([^)#\\s]*\\.go)\\)")
 )
 
 // links checks the links of the Markdown file at p to the repository: the
 // file or directory each names exists, and each Go name quoted in the text
 // of a link to a Go file is declared there (a function, a method, a type, a
-// constant, a variable or the package), so that a renamed test or function fails here
-// and not a reader. It returns how many names it checked.
+// constant, a variable or the package), and each name it says is "in" a
+// linked Go file is declared or called there, so that a renamed test or function fails here and not a
+// reader. It returns how many names it checked.
 func links(t *testing.T, p string) (names int) {
 	t.Helper()
-	for _, m := range linkRE.FindAllStringSubmatch(string(readFile(t, p)), -1) {
+	doc := string(readFile(t, p))
+	for _, m := range linkRE.FindAllStringSubmatch(doc, -1) {
 		text, target := m[1], m[2]
 		if target == "" || strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
 			continue
 		}
-		file := filepath.Join(filepath.Dir(p), target)
-		_, err := os.Stat(file)
+		_, err := os.Stat(filepath.Join(filepath.Dir(p), target))
 		require.NoError(t, err, "%s: the link [%s](%s) leads nowhere", p, text, target)
-		if !strings.HasSuffix(target, ".go") {
-			continue
-		}
-		code := string(readFile(t, file))
-		for _, name := range nameRE.FindAllStringSubmatch(text, -1) {
-			declared := regexp.MustCompile(`(?m)^(func (\([^)]*\) )?|type |package |\s*(const |var )?)` + name[1] + `\b`)
-			require.True(t, declared.MatchString(code), "%s: [%s](%s) names %s, which %s does not declare", p, text, target, name[1], target)
-			names++
+		if strings.HasSuffix(target, ".go") {
+			for _, name := range nameRE.FindAllStringSubmatch(text, -1) {
+				requireIn(t, p, name[1], target, false)
+				names++
+			}
 		}
 	}
+	for _, m := range nameInRE.FindAllStringSubmatch(doc, -1) {
+		requireIn(t, p, m[1], m[2], true)
+		names++
+	}
 	return names
+}
+
+// requireIn fails unless the Go file target, linked from the doc at p,
+// declares name or, if called may do, calls it (`LockPayment` in
+// payment.go, a method of its queries).
+func requireIn(t *testing.T, p, name, target string, called bool) {
+	t.Helper()
+	code := string(readFile(t, filepath.Join(filepath.Dir(p), target)))
+	in := `(?m)^(func (\([^)]*\) )?|type |package |\s*(const |var )?)` + name + `\b`
+	if called {
+		in += `|\.` + name + `\(`
+	}
+	require.True(t, regexp.MustCompile(in).MatchString(code), "%s: it quotes %s from %s, which does not have it", p, name, target)
 }
 
 // quoteOf is the quote of the snippet of doc that starts with first.
