@@ -97,11 +97,11 @@ var (
 )
 
 // links checks the links of the Markdown file at p to the repository: the
-// file or directory each names exists, and each Go name quoted in the text
-// of a link to a Go file is declared there (a function, a method, a type, a
-// constant, a variable or the package), and each name it says is "in" a
-// linked Go file is declared or called there, so that a renamed test or function fails here and not a
-// reader. It returns how many names it checked.
+// file or directory each names exists; each Go name quoted in the text of
+// a link to a Go file is declared there (a function, a method, a type, a
+// constant, a variable or the package); each name the doc says is "in" a
+// linked Go file is declared or called there. A renamed test or function
+// fails here, and not a reader. It returns how many names it checked.
 func links(t *testing.T, p string) (names int) {
 	t.Helper()
 	doc := string(readFile(t, p))
