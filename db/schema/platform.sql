@@ -127,6 +127,28 @@ CREATE FUNCTION public.outbox_record_restart() RETURNS void
 $$;
 
 --
+-- Name: outbox_redrive_refuse_during_move(); Type: FUNCTION
+--
+
+CREATE FUNCTION public.outbox_redrive_refuse_during_move() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    moving text;
+BEGIN
+    SELECT k.conname INTO moving FROM pg_catalog.pg_constraint k
+    WHERE k.conrelid = to_regclass(partition_default('outbox')) AND k.contype = 'c'
+      AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.relname = k.conname AND NOT c.relispartition)
+    LIMIT 1;
+    IF moving IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox redrive refused: the partition % is being filled from the outbox''s DEFAULT partition, and rows on their way would be missed; try again once the partition maintenance has made it', moving
+            USING ERRCODE = 'object_in_use';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+--
 -- Name: outbox_sleep_lock_key(); Type: FUNCTION
 --
 
@@ -341,6 +363,9 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'partition_drop needs READ COMMITTED, not %', current_setting('transaction_isolation');
     END IF;
+    PERFORM set_config('lock_timeout', lock_timeout, true);
+    PERFORM set_config('synchronous_commit', 'off', true);
+    EXECUTE format('LOCK TABLE ONLY %I IN SHARE UPDATE EXCLUSIVE MODE', parent);
     IF to_regclass(part) IS NULL THEN
         RETURN false;
     END IF;
@@ -352,8 +377,6 @@ BEGIN
     END IF;
     SELECT array_agg(inhrelid ORDER BY inhrelid) INTO members FROM pg_catalog.pg_inherits WHERE inhparent = parent::regclass;
     lowest := partition_floor_without(parent, part);
-    PERFORM set_config('lock_timeout', lock_timeout, true);
-    PERFORM set_config('synchronous_commit', 'off', true);
     EXECUTE format('LOCK TABLE ONLY %I IN ACCESS EXCLUSIVE MODE', parent);
     locked := clock_timestamp();
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits WHERE inhrelid = to_regclass(part) AND inhparent = parent::regclass) THEN
@@ -473,7 +496,15 @@ DECLARE
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint WHERE conrelid = dflt::regclass AND conname = part) THEN
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_inherits WHERE inhrelid = to_regclass(part) AND inhparent = parent::regclass) THEN
+            moved := 0;
+            left_behind := 0;
+            RETURN;
+        END IF;
         RAISE EXCEPTION 'partition_move_batch: no move of % under way', part;
+    END IF;
+    IF sent_only THEN
+        LOCK TABLE outbox_redrive IN SHARE MODE;
     END IF;
     EXECUTE format('WITH moved AS (DELETE FROM %1$I WHERE ctid = ANY (ARRAY(
                         SELECT d.ctid FROM %1$I d WHERE d.%3$I >= %4$L AND d.%3$I < %5$L %6$s LIMIT %7$s))
@@ -498,6 +529,7 @@ DECLARE
 BEGIN
     PERFORM set_config('lock_timeout', lock_timeout, true);
     PERFORM set_config('synchronous_commit', 'off', true);
+    EXECUTE format('LOCK TABLE ONLY %I IN SHARE UPDATE EXCLUSIVE MODE', parent);
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_inherits WHERE inhrelid = to_regclass(part)) THEN
         RETURN false;
     END IF;
@@ -524,6 +556,10 @@ CREATE FUNCTION public.partition_move_validate(parent text, lo timestamp with ti
 BEGIN
     PERFORM set_config('lock_timeout', lock_timeout, true);
     PERFORM set_config('synchronous_commit', 'off', true);
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint
+                   WHERE conrelid = to_regclass(partition_default(parent)) AND conname = partition_name(parent, lo)) THEN
+        RETURN;
+    END IF;
     EXECUTE format('ALTER TABLE %I VALIDATE CONSTRAINT %I', partition_default(parent), partition_name(parent, lo));
 END
 $$;
@@ -545,13 +581,18 @@ $$;
 CREATE FUNCTION public.partitions_of(parent text) RETURNS TABLE(name text, lo timestamp with time zone, hi timestamp with time zone, is_default boolean)
     LANGUAGE sql STABLE
     AS $$
-    SELECT c.relname::text,
-           (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\)'))[1]::timestamptz,
-           (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']*)''\)'))[1]::timestamptz,
-           pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT'
-    FROM pg_catalog.pg_inherits i
-    JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
-    WHERE i.inhparent = parent::regclass
+    WITH b AS MATERIALIZED (
+        SELECT c.relname::text AS name, pg_get_expr(c.relpartbound, c.oid) AS bound
+        FROM pg_catalog.pg_inherits i
+        JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+        WHERE i.inhparent = parent::regclass
+    )
+    SELECT b.name,
+           (regexp_match(b.bound, 'FROM \(''([^'']*)''\)'))[1]::timestamptz,
+           (regexp_match(b.bound, 'TO \(''([^'']*)''\)'))[1]::timestamptz,
+           b.bound = 'DEFAULT'
+    FROM b
+    WHERE b.bound IS NOT NULL
 $$;
 
 --
@@ -1011,6 +1052,12 @@ ALTER INDEX public.processed_events_pkey ATTACH PARTITION public.processed_event
 --
 
 CREATE TRIGGER outbox_notify AFTER INSERT ON public.outbox FOR EACH STATEMENT EXECUTE FUNCTION public.outbox_notify();
+
+--
+-- Name: outbox_redrive outbox_redrive_refuse_during_move; Type: TRIGGER
+--
+
+CREATE TRIGGER outbox_redrive_refuse_during_move BEFORE INSERT ON public.outbox_redrive FOR EACH ROW EXECUTE FUNCTION public.outbox_redrive_refuse_during_move();
 
 --
 -- Name: processed_events_default processed_events_refuse_below_floor; Type: TRIGGER
