@@ -2,7 +2,7 @@
 # `make test-short` is the fast tier.
 GO ?= go
 
-.PHONY: test test-short slowest stress run generate verify-sqlc vet build bench demo-images demo-test
+.PHONY: test test-short slowest stress run schema generate verify-sqlc vet build bench demo-images demo-test
 
 # gotestsum (go.mod's tool) runs go test -json: one line per package and
 # the failures' output on the terminal, every test event in TEST_JSON.
@@ -47,7 +47,11 @@ run:
 # same code, a first build of 1.5 CPU minutes instead of 4, no C compiler.
 SQLC = CGO_ENABLED=0 $(GO) tool sqlc
 
-## generate: regenerate the sqlc code after editing db/queries or db/migrations
+## schema: rewrite db/schema (each database as its migrations leave it, read by sqlc) from freshly migrated databases; make test fails while it is stale
+schema:
+	$(GO) test -count=1 -run '^TestSchemaFilesAreCurrent$$' ./db -args -update
+
+## generate: regenerate the sqlc code after editing db/queries or db/schema (make schema)
 generate:
 	$(SQLC) generate
 

@@ -53,7 +53,8 @@ var withSubcommands = []string{"dlq", "consumer", "mail", "outbox", "new"}
 // README and docs/ (in code spans and code blocks) and checks that its
 // command is one of onceflow's and that each --flag after it is one its
 // help lists: a runbook that names a flag the binary does not have fails
-// the operator when it matters.
+// the operator when it matters. Each `make TARGET` is one of the
+// Makefile's.
 func TestTheDocsNameRealCommandsAndFlags(t *testing.T) {
 	t.Parallel()
 	paths, err := filepath.Glob(filepath.Join(repoRoot, "docs", "*.md"))
@@ -61,10 +62,16 @@ func TestTheDocsNameRealCommandsAndFlags(t *testing.T) {
 	paths = append(paths, filepath.Join(repoRoot, "README.md"))
 	invocation := regexp.MustCompile(`\bonceflow ([a-z][a-z-]*)(?: ([a-z][a-z-]*))?`)
 	flagRE := regexp.MustCompile(`(?:^|\s|\[)--([a-z][a-z-]*)`)
+	makeRE := regexp.MustCompile(`\bmake (?:-s )?([a-z][a-z-]*)`)
+	makefile := readDoc(t, "Makefile")
 	var checked int
 	for _, p := range paths {
 		for _, span := range codeOf(readDoc(t, p)) {
 			span, _, _ = strings.Cut(span, " #") // a shell comment is prose
+			for _, m := range makeRE.FindAllStringSubmatch(span, -1) {
+				require.Regexp(t, `(?m)^`+m[1]+`:`, makefile, "%s: `make %s` is no target of the Makefile (in %q)", filepath.Base(p), m[1], span)
+				checked++
+			}
 			// One invocation runs to the next one.
 			locs := invocation.FindAllStringSubmatchIndex(span, -1)
 			for i, loc := range locs {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -36,7 +37,7 @@ var quotes = []quote{
 	{"README.md", "func (c *Consumer) processOne(", "internal/inbox/process.go", nil},
 	{"docs/new-service.md", "func TestMain(", golden + "services/loyalty/main_test.go", nil},
 	{"docs/new-service.md", "func TestConformance(", golden + "services/loyalty/conformance_test.go", nil},
-	{"docs/new-service.md", "- name: loyalty", "sqlc.yaml", asLoyalty},
+	{"docs/new-service.md", "- name: loyalty", "internal/scaffold/templates/sqlc.yaml.tmpl", strings.NewReplacer("{{.Name}}", "loyalty")},
 	{"docs/new-service.md", "func Run(", golden + "services/loyalty/run.go", nil},
 	{"docs/new-service.md", "PaymentOrders ", "internal/streams/streams.go", nil},
 	{"docs/new-service.md", "func (s *Service) HandleOrderConfirmed(", golden + "services/loyalty/loyalty.go", nil},
@@ -50,13 +51,15 @@ var quotes = []quote{
 // README, docs/ and the conformance kit's package doc against the code it
 // quotes: its lines are the code's, in order and together, but for a line
 // "…", which stands for any lines, and but for the indentation of lines
-// nested deeper in the code.
+// nested deeper in the code. The names the Markdown quotes in its links
+// are checked too (links).
 func TestTheDocsQuoteTheCodeAsItIs(t *testing.T) {
 	t.Parallel()
 	docs, err := filepath.Glob(filepath.Join(repoRoot, "docs", "*.md"))
 	require.NoError(t, err)
 	docs = append(docs, filepath.Join(repoRoot, "README.md"), filepath.Join(repoRoot, "conformance", "doc.go"))
 	seen := make(map[quote]bool)
+	names := 0
 	for _, p := range docs {
 		doc, err := filepath.Rel(repoRoot, p)
 		require.NoError(t, err)
@@ -72,10 +75,68 @@ func TestTheDocsQuoteTheCodeAsItIs(t *testing.T) {
 			require.True(t, within(s, strings.Split(code, "\n")),
 				"%s: the snippet %q is not %s as it is:\n%s", doc, s[0], q.code, strings.Join(s, "\n"))
 		}
+		if strings.HasSuffix(p, ".md") {
+			names += links(t, p)
+		}
 	}
+	require.Positive(t, names, "no name quoted in a link was checked")
 	for _, q := range quotes {
 		require.True(t, seen[q], "%s has no snippet %q any more: drop it from quotes", q.doc, q.first)
 	}
+}
+
+var (
+	// A Markdown link: its text and its target, less an anchor.
+	linkRE = regexp.MustCompile(`\[([^\]]*)\]\(([^)#\s]*)(#[^)]*)?\)`)
+	// A Go name in a code span, as the guarantee table cites a function or
+	// a test: [`processOne`](internal/inbox/process.go).
+	nameRE = regexp.MustCompile("`([A-Za-z_][A-Za-z0-9_]*)`")
+	// A Go name quoted as being in a linked file: `nextStatus` in
+	// [order.go](../services/order/order.go).
+	nameInRE = regexp.MustCompile("`([A-Za-z_][A-Za-z0-9_]*)` in \\[[^\\]]*\\]\\(([^)#\\s]*\\.go)\\)")
+)
+
+// links checks the links of the Markdown file at p to the repository: the
+// file or directory each names exists; each Go name quoted in the text of
+// a link to a Go file is declared there (a function, a method, a type, a
+// constant, a variable or the package); each name the doc says is "in" a
+// linked Go file is declared or called there. A renamed test or function
+// fails here, and not a reader. It returns how many names it checked.
+func links(t *testing.T, p string) (names int) {
+	t.Helper()
+	doc := string(readFile(t, p))
+	for _, m := range linkRE.FindAllStringSubmatch(doc, -1) {
+		text, target := m[1], m[2]
+		if target == "" || strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+			continue
+		}
+		_, err := os.Stat(filepath.Join(filepath.Dir(p), target))
+		require.NoError(t, err, "%s: the link [%s](%s) leads nowhere", p, text, target)
+		if strings.HasSuffix(target, ".go") {
+			for _, name := range nameRE.FindAllStringSubmatch(text, -1) {
+				requireIn(t, p, name[1], target, false)
+				names++
+			}
+		}
+	}
+	for _, m := range nameInRE.FindAllStringSubmatch(doc, -1) {
+		requireIn(t, p, m[1], m[2], true)
+		names++
+	}
+	return names
+}
+
+// requireIn fails unless the Go file target, linked from the doc at p,
+// declares name or, if called may do, calls it (`LockPayment` in
+// payment.go, a method of its queries).
+func requireIn(t *testing.T, p, name, target string, called bool) {
+	t.Helper()
+	code := string(readFile(t, filepath.Join(filepath.Dir(p), target)))
+	in := `(?m)^(func (\([^)]*\) )?|type |package |\s*(const |var )?)` + name + `\b`
+	if called {
+		in += `|\.` + name + `\(`
+	}
+	require.True(t, regexp.MustCompile(in).MatchString(code), "%s: it quotes %s from %s, which does not have it", p, name, target)
 }
 
 // quoteOf is the quote of the snippet of doc that starts with first.
