@@ -64,7 +64,13 @@
 //
 // The relay's session runs READ COMMITTED whatever the database's default;
 // nothing above depends on it, as each claim reads the position and the
-// rows in one statement.
+// rows in one statement. It also commits its records without waiting for
+// the WAL flush (synchronous_commit off), so that the claim riding with a
+// record is not held for an fsync: a record that a crash of the database
+// loses is a record lost as in 2, and nothing that read it survives the
+// crash without it, since recovery replays a prefix of the WAL and a
+// transaction that read the record (a partition drop, a redrive) commits
+// after it.
 //
 // How the relay works: the relay lock is a session-level advisory lock on
 // one pooled connection. Run takes it and keeps it for as long as it

@@ -634,7 +634,7 @@ func TestFlushSendsEachMarkWithTheNextClaim(t *testing.T) {
 
 // The relay's session runs its statements with their generic plans, planned
 // once, while it holds the relay lock, and goes back to the pool with the
-// plan_cache_mode it had.
+// plan_cache_mode and synchronous_commit it had.
 func TestRelayRunsGenericPlansWhileItLeads(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -643,6 +643,8 @@ func TestRelayRunsGenericPlansWhileItLeads(t *testing.T) {
 
 	cfg := f.db.Pool.Config()
 	cfg.MaxConns = 1 // the relay's session is the one looked at below
+	// Neither the server's default nor the relay's own setting.
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "remote_apply"
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -653,6 +655,8 @@ func TestRelayRunsGenericPlansWhileItLeads(t *testing.T) {
 	var mode string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&mode))
 	require.Equal(t, "auto", mode)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit')`).Scan(&mode))
+	require.Equal(t, "remote_apply", mode)
 	rows, err := pool.Query(ctx, `
 		SELECT substring(statement FROM 'name: (\w+)'), generic_plans, custom_plans
 		FROM pg_prepared_statements

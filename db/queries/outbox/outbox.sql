@@ -13,11 +13,13 @@ VALUES (@event_id, @event_type, @source, @subject, @nats_subject, @event_time, @
 --
 -- The session that gets the lock runs READ COMMITTED whatever the
 -- database's default (the relay's statements each read what committed
--- before them; nothing it does needs more), and the relay's statements
--- with their generic plans: PostgreSQL would plan Claim anew for about
--- every call, and planning it took longer than running it. Every branch
--- of outbox_unsent_after is an index range or probe whatever the
--- arguments.
+-- before them; nothing it does needs more), commits without waiting for
+-- the WAL flush (a record a crash loses is one more copy of its rows to
+-- publish; see "Positions and their invariants" in internal/outbox), and
+-- runs the relay's statements with their generic plans: PostgreSQL would
+-- plan Claim anew for about every call, and planning it took longer than
+-- running it. Every branch of outbox_unsent_after is an index range or
+-- probe whatever the arguments.
 --
 -- With the lock, it also returns the cluster's identity, recorded with the
 -- positions, and why the recorded position is not this cluster's, or ''
@@ -29,6 +31,7 @@ FROM (
     SELECT CASE WHEN pg_try_advisory_lock(@lock_key::bigint)
         THEN set_config('plan_cache_mode', 'force_generic_plan', false) IS NOT NULL
          AND set_config('default_transaction_isolation', 'read committed', false) IS NOT NULL
+         AND set_config('synchronous_commit', 'off', false) IS NOT NULL
         ELSE false
     END AS locked
     OFFSET 0
@@ -41,7 +44,8 @@ FROM (
 -- goes back to the pool as it came.
 SELECT pg_advisory_unlock_all(),
        set_config('plan_cache_mode', (SELECT reset_val FROM pg_catalog.pg_settings WHERE name = 'plan_cache_mode'), false),
-       set_config('default_transaction_isolation', (SELECT reset_val FROM pg_catalog.pg_settings WHERE name = 'default_transaction_isolation'), false);
+       set_config('default_transaction_isolation', (SELECT reset_val FROM pg_catalog.pg_settings WHERE name = 'default_transaction_isolation'), false),
+       set_config('synchronous_commit', (SELECT reset_val FROM pg_catalog.pg_settings WHERE name = 'synchronous_commit'), false);
 
 -- name: StartOver :one
 -- Makes every row kept unsent, on a database whose position is another

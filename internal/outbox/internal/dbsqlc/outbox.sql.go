@@ -279,7 +279,8 @@ func (q *Queries) Redrive(ctx context.Context, db DBTX, since time.Time) (int64,
 const releaseRelayLocks = `-- name: ReleaseRelayLocks :exec
 SELECT pg_advisory_unlock_all(),
        set_config('plan_cache_mode', (SELECT reset_val FROM pg_catalog.pg_settings WHERE name = 'plan_cache_mode'), false),
-       set_config('default_transaction_isolation', (SELECT reset_val FROM pg_catalog.pg_settings WHERE name = 'default_transaction_isolation'), false)
+       set_config('default_transaction_isolation', (SELECT reset_val FROM pg_catalog.pg_settings WHERE name = 'default_transaction_isolation'), false),
+       set_config('synchronous_commit', (SELECT reset_val FROM pg_catalog.pg_settings WHERE name = 'synchronous_commit'), false)
 `
 
 // Ends a relay's turn on its session: the relay lock and, if the relay
@@ -342,6 +343,7 @@ FROM (
     SELECT CASE WHEN pg_try_advisory_lock($1::bigint)
         THEN set_config('plan_cache_mode', 'force_generic_plan', false) IS NOT NULL
          AND set_config('default_transaction_isolation', 'read committed', false) IS NOT NULL
+         AND set_config('synchronous_commit', 'off', false) IS NOT NULL
         ELSE false
     END AS locked
     OFFSET 0
@@ -364,11 +366,13 @@ type TryRelayLockRow struct {
 //
 // The session that gets the lock runs READ COMMITTED whatever the
 // database's default (the relay's statements each read what committed
-// before them; nothing it does needs more), and the relay's statements
-// with their generic plans: PostgreSQL would plan Claim anew for about
-// every call, and planning it took longer than running it. Every branch
-// of outbox_unsent_after is an index range or probe whatever the
-// arguments.
+// before them; nothing it does needs more), commits without waiting for
+// the WAL flush (a record a crash loses is one more copy of its rows to
+// publish; see "Positions and their invariants" in internal/outbox), and
+// runs the relay's statements with their generic plans: PostgreSQL would
+// plan Claim anew for about every call, and planning it took longer than
+// running it. Every branch of outbox_unsent_after is an index range or
+// probe whatever the arguments.
 //
 // With the lock, it also returns the cluster's identity, recorded with the
 // positions, and why the recorded position is not this cluster's, or ”
