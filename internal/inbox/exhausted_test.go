@@ -134,9 +134,15 @@ func TestAnEventProcessedOnItsLastDeliveryIsNotDeadLetteredAfter(t *testing.T) {
 		run(t, c)
 		e.publish(t, ev)
 
-		require.Eventually(t, func() bool { return c.Stats().Duplicates == 1 }, waitFor, tick)
+		require.Eventually(t, func() bool { return c.Stats().Duplicates >= 1 }, waitFor, tick)
 		e.requireSettled(t)
-		require.Equal(t, inbox.Stats{Processed: 1, Duplicates: 1}, c.Stats())
+		// Under load the duplicate can wait in hand past the 300 ms ack
+		// wait and come once more: a second duplicate, never a dead letter
+		// (as in TestFourHundredMessagesExhaustedAtOnceAreEachDeadLetteredOnce).
+		stats := c.Stats()
+		require.NotZero(t, stats.Duplicates)
+		stats.Duplicates = 0
+		require.Equal(t, inbox.Stats{Processed: 1}, stats)
 		require.Empty(t, e.dlqMsgs(t))
 		require.EqualValues(t, 1, e.effects(t, ev.ID))
 	})
