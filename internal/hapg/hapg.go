@@ -26,8 +26,6 @@ import (
 var ErrNotInstalled = errors.New("patroni and etcd are needed (Debian: apt-get install patroni etcd-server)")
 
 const (
-	// DefaultBinDir holds the PostgreSQL binaries the nodes run.
-	DefaultBinDir = "/usr/lib/postgresql/15/bin"
 	// readyTimeout bounds Start and each fault's wait for a primary.
 	readyTimeout = 90 * time.Second
 	// stopTimeout bounds each process's graceful stop before it is killed.
@@ -36,10 +34,11 @@ const (
 	nodes = 2
 )
 
-// Config configures a cluster. The zero value is two PostgreSQL 15 nodes
+// Config configures a cluster. The zero value is two PostgreSQL nodes
 // with a synchronous standby.
 type Config struct {
-	// BinDir holds PostgreSQL's binaries; empty means DefaultBinDir.
+	// BinDir holds PostgreSQL's binaries; empty means localpg's default
+	// (initdb's directory on PATH, else the newest /usr/lib/postgresql/*/bin).
 	BinDir string
 	// Async turns Patroni's synchronous_mode off: the standby replicates
 	// asynchronously, PostgreSQL's default, and a failover may lose the
@@ -90,15 +89,16 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Cluster, erro
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	cfg.BinDir = cmp.Or(cfg.BinDir, DefaultBinDir)
 	for _, bin := range []string{"patroni", "etcd"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrNotInstalled, err)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(cfg.BinDir, "postgres")); err != nil {
+	binDir, err := localpg.FindBinDir(cfg.BinDir)
+	if err != nil {
 		return nil, fmt.Errorf("hapg: postgres binaries: %w", err)
 	}
+	cfg.BinDir = binDir
 	cred, err := localpg.ServerCredential()
 	if err != nil {
 		return nil, err

@@ -107,7 +107,7 @@ func startWith(ctx context.Context, cfg Config, logger *slog.Logger, pickPort fu
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	binDir, err := findBinDir(cfg.BinDir)
+	binDir, err := FindBinDir(cfg.BinDir)
 	if err != nil {
 		return nil, err
 	}
@@ -509,8 +509,9 @@ func tail(out []byte) string {
 	return string(bytes.Join(lines, []byte("\n")))
 }
 
-// findBinDir returns the directory holding initdb and postgres.
-func findBinDir(dir string) (string, error) {
+// FindBinDir returns the directory holding initdb and postgres: dir, or
+// when dir is empty the one Config.BinDir defaults to.
+func FindBinDir(dir string) (string, error) {
 	if dir == "" {
 		var err error
 		if dir, err = defaultBinDir(); err != nil {
